@@ -1,0 +1,1 @@
+"""Benchmarks (scripts with JSON output; never timed unit tests)."""

@@ -1,0 +1,97 @@
+"""The `jspec` command line: generate text with the default model; benchmark plain decoding."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _load(name: str):
+  import models
+  try:
+    return models.load(name)
+  except models.ModelLoadError as e:
+    sys.exit(f"jspec: {e}")
+
+
+def cmd_generate(args) -> None:
+  from jspec.decode import Decoder
+
+  loaded = _load(args.model)
+  tok = loaded.tokenizer
+  if not args.prompt.strip():
+    sys.exit("jspec: the prompt is empty; pass some text to continue")
+  if args.raw:
+    text = args.prompt
+  else:
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    text = tok.apply_chat_template(messages + [{"role": "user", "content": args.prompt}])
+  ids = tok.encode(text)
+  decoder = Decoder(loaded.model, eos_ids=tok.eos_ids)
+  try:
+    out = decoder.generate([ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  new = out.token_ids[0]
+  completion = tok.decode(new, skip_special_tokens=True)
+  if args.json:
+    print(json.dumps(dict(model=loaded.name, prompt=args.prompt, text=completion, token_ids=new,
+                          num_prompt_tokens=len(ids), num_tokens=len(new),
+                          finish_reason=out.finish_reason[0], tokens_per_s=out.tokens_per_s,
+                          prefill_s=out.prefill_s, decode_s=out.decode_s,
+                          compile_s=out.compile_s)))
+  else:
+    print(completion)
+    print(f"[{len(new)} tokens, {out.tokens_per_s:.1f} tokens/s (compilation {out.compile_s:.1f} s excluded), "
+          f"finish: {out.finish_reason[0]}]", file=sys.stderr)
+
+
+def cmd_bench_decode(args) -> None:
+  from jspec.bench import plain
+
+  loaded = _load(args.model)
+  sizes = tuple(int(x) for x in args.batch_sizes.split(","))
+  report = plain.run(loaded, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
+                     repeats=args.repeats)
+  text = json.dumps(report, indent=2)
+  if args.json:
+    with open(args.json, "w") as f:
+      f.write(text + "\n")
+  print(text)
+
+
+def main(argv=None) -> None:
+  from models.registry import DEFAULT_MODEL
+
+  parser = argparse.ArgumentParser(prog="jspec", description=__doc__)
+  sub = parser.add_subparsers(dest="command", required=True)
+
+  g = sub.add_parser("generate", help="generate a reply to PROMPT")
+  g.add_argument("prompt")
+  g.add_argument("--model", default=DEFAULT_MODEL)
+  g.add_argument("--max-new-tokens", type=int, default=128)
+  g.add_argument("--temperature", type=float, default=0.0)
+  g.add_argument("--top-k", type=int, default=0)
+  g.add_argument("--top-p", type=float, default=1.0)
+  g.add_argument("--seed", type=int, default=0)
+  g.add_argument("--system", default=None, help="system message for the chat template")
+  g.add_argument("--raw", action="store_true", help="continue PROMPT as-is, no chat template")
+  g.add_argument("--json", action="store_true", help="print one JSON object")
+  g.set_defaults(func=cmd_generate)
+
+  b = sub.add_parser("bench-decode", help="plain-decode tokens/s vs a measured bandwidth roofline")
+  b.add_argument("--model", default=DEFAULT_MODEL)
+  b.add_argument("--batch-sizes", default="1,8")
+  b.add_argument("--max-new-tokens", type=int, default=64)
+  b.add_argument("--repeats", type=int, default=5)
+  b.add_argument("--json", default=None, help="also write the report to this file")
+  b.set_defaults(func=cmd_bench_decode)
+
+  args = parser.parse_args(argv)
+  args.func(args)
+
+
+if __name__ == "__main__":
+  main()

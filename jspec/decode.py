@@ -1,0 +1,190 @@
+"""Plain (non-speculative) decoding: jitted prefill and an on-device `lax.while_loop` generate loop
+for a batch of ragged prompts, with per-row sampling parameters, EOS and max_new_tokens.
+
+This is the baseline every speculative speedup is measured against, and it shares prefill and the
+sampling path with the speculative engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.sampling import SamplingParams, sample
+from models.kv_cache import KVCache
+from models.llama import Llama
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Power-of-two padding so that nearby prompt lengths share one compiled program."""
+  return max(minimum, 1 << max(0, n - 1).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def prefill(graphdef, weights, cache: KVCache, tokens: jax.Array, prompt_lens: jax.Array):
+  """tokens [B, P] right-padded; returns (last-position logits [B, V], cache with lengths=prompt_lens)."""
+  model = nnx.merge(graphdef, weights)
+  out = model(tokens, cache, num_new=prompt_lens, logit_indices=(prompt_lens - 1)[:, None])
+  return out.logits[:, 0], out.cache
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DecodeState:
+  tokens: jax.Array          # [B, N] generated tokens (N = buffer size)
+  num_generated: jax.Array   # [B]
+  done: jax.Array            # [B] bool
+  cache: KVCache
+  keys: jax.Array            # [B] per-row PRNG keys
+  step: jax.Array            # [] int32
+
+
+def _emit(state: DecodeState, new: jax.Array, max_new: jax.Array, eos_ids: tuple[int, ...]):
+  live = ~state.done
+  rows = jnp.arange(new.shape[0])
+  slot = jnp.where(live, state.num_generated, state.tokens.shape[1])  # finished rows write nowhere
+  tokens = state.tokens.at[rows, slot].set(new, mode="drop")
+  n = state.num_generated + live.astype(jnp.int32)
+  is_eos = jnp.isin(new, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(live)
+  done = state.done | (live & is_eos) | (n >= max_new)
+  return dataclasses.replace(state, tokens=tokens, num_generated=n, done=done)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "buffer_len", "eos_ids"))
+def decode(graphdef, weights, cache: KVCache, first_logits: jax.Array, params: SamplingParams,
+           keys: jax.Array, max_new: jax.Array, *, buffer_len: int, eos_ids: tuple[int, ...]):
+  """Samples from the prefill logits, then one token per step until every row is done."""
+  model = nnx.merge(graphdef, weights)
+  b = first_logits.shape[0]
+  state = DecodeState(tokens=jnp.zeros((b, buffer_len), jnp.int32),
+                      num_generated=jnp.zeros((b,), jnp.int32), done=max_new <= 0, cache=cache,
+                      keys=keys, step=jnp.zeros((), jnp.int32))
+  step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, 0)
+  state = _emit(state, sample(step_keys, first_logits, params), max_new, eos_ids)
+
+  def cond(s: DecodeState):
+    return ~jnp.all(s.done)
+
+  def body(s: DecodeState):
+    last = s.tokens[jnp.arange(b), jnp.maximum(s.num_generated - 1, 0)]
+    out = model(last[:, None], s.cache, num_new=(~s.done).astype(jnp.int32))
+    step = s.step + 1
+    ks = jax.vmap(jax.random.fold_in, (0, None))(s.keys, step)
+    s = dataclasses.replace(s, cache=out.cache, step=step)
+    return _emit(s, sample(ks, out.logits[:, 0], params), max_new, eos_ids)
+
+  return jax.lax.while_loop(cond, body, state)
+
+
+@dataclasses.dataclass
+class DecodeOutput:
+  token_ids: list[list[int]]     # generated tokens per row (EOS included when it stopped there)
+  finish_reason: list[str]       # "stop" (EOS) or "length"
+  prefill_s: float
+  decode_s: float
+  compile_s: float = 0.0         # ahead-of-time compilation, 0 when the shapes were seen before
+
+  @property
+  def num_tokens(self) -> int:
+    return sum(len(t) for t in self.token_ids)
+
+  @property
+  def tokens_per_s(self) -> float:
+    """Generated tokens per second of prefill + decode (compilation excluded)."""
+    return self.num_tokens / max(self.prefill_s + self.decode_s, 1e-9)
+
+
+def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: int):
+  """Validates token-id prompts and right-pads them to a bucketed length."""
+  if not prompts:
+    raise ValueError("no prompts given")
+  lens = []
+  for i, p in enumerate(prompts):
+    if len(p) == 0:
+      raise ValueError(f"prompt {i} is empty; give at least one token")
+    if len(p) > max_context:
+      raise ValueError(f"prompt {i} has {len(p)} tokens, more than the model's context of "
+                       f"{max_context}; shorten it")
+    arr = np.asarray(p)
+    if arr.min() < 0 or arr.max() >= vocab_size:
+      raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
+    lens.append(len(p))
+  width = bucket(max(lens))
+  tokens = np.zeros((len(prompts), width), np.int32)
+  for i, p in enumerate(prompts):
+    tokens[i, :len(p)] = p
+  return tokens, np.asarray(lens, np.int32)
+
+
+def row_keys(seed: int | Sequence[int], batch_size: int) -> jax.Array:
+  """Per-row keys: an int seed gives row b the key fold_in(seed, b); a list gives one seed per row."""
+  if np.ndim(seed) == 0:
+    base = jax.random.key(int(seed))
+    return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(batch_size))
+  if len(seed) != batch_size:
+    raise ValueError(f"{len(seed)} seeds for a batch of {batch_size} rows")
+  return jax.vmap(jax.random.key)(jnp.asarray(seed, jnp.uint32))
+
+
+class Decoder:
+  """Plain decoding of one model. `generate` takes token-id prompts; shapes are bucketed so that
+  repeated calls with similar prompts reuse one compiled program."""
+
+  def __init__(self, model: Llama, *, eos_ids: Sequence[int] = ()):
+    self.config = model.config
+    self.graphdef, self.weights = nnx.split(model)
+    self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
+    self._programs = {}   # (B, prompt bucket, buffer, eos) -> compiled (prefill, decode)
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 128,
+               temperature=0.0, top_k=0, top_p=1.0, seed: int | Sequence[int] = 0,
+               eos: bool = True) -> DecodeOutput:
+    tokens, lens = pad_prompts(prompts, self.config.max_position, self.config.vocab_size)
+    b = len(prompts)
+    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
+        if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
+    if max_new.shape != (b,) or np.any(max_new < 1):
+      raise ValueError(f"max_new_tokens must be >= 1 per row (one value or {b}), got {max_new_tokens}")
+    too_long = np.nonzero(lens + max_new > self.config.max_position)[0]
+    if len(too_long):
+      i = int(too_long[0])
+      raise ValueError(f"prompt {i} ({lens[i]} tokens) + max_new_tokens ({max_new[i]}) exceeds the "
+                       f"model's context of {self.config.max_position}")
+    params = SamplingParams.make(b, temperature, top_k, top_p)
+    buffer_len = int(max_new.max())
+    cache = KVCache.init(self.config, b, tokens.shape[1] + buffer_len, dtype=self.weights_dtype)
+    args_pre = (self.weights, cache, jnp.asarray(tokens), jnp.asarray(lens))
+    eos_ids = self.eos_ids if eos else ()
+    key = (b, tokens.shape[1], buffer_len, eos_ids)
+    t0 = time.perf_counter()
+    if key not in self._programs:  # compile ahead of time so that timings never include it
+      logits_shape = jax.ShapeDtypeStruct((b, self.config.vocab_size), jnp.float32)
+      self._programs[key] = (
+          prefill.lower(self.graphdef, *args_pre).compile(),
+          decode.lower(self.graphdef, self.weights, cache, logits_shape, params,
+                       row_keys(0, b), jnp.asarray(max_new), buffer_len=buffer_len,
+                       eos_ids=eos_ids).compile())
+    run_prefill, run_decode = self._programs[key]
+    t1 = time.perf_counter()
+    logits, cache = run_prefill(*args_pre)
+    logits.block_until_ready()
+    t2 = time.perf_counter()
+    state = run_decode(self.weights, cache, logits, params, row_keys(seed, b), jnp.asarray(max_new))
+    out_tokens = np.asarray(state.tokens)
+    n = np.asarray(state.num_generated)
+    t3 = time.perf_counter()
+    rows = [out_tokens[i, :n[i]].tolist() for i in range(b)]
+    reasons = ["stop" if r and r[-1] in eos_ids else "length" for r in rows]
+    return DecodeOutput(token_ids=rows, finish_reason=reasons, prefill_s=t2 - t1, decode_s=t3 - t2,
+                        compile_s=t1 - t0)
+
+  @property
+  def weights_dtype(self):
+    return jax.tree_util.tree_leaves(self.weights)[0].dtype
