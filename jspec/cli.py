@@ -18,10 +18,10 @@ def _load(name: str):
 def cmd_generate(args) -> None:
   from jspec.decode import Decoder
 
-  loaded = _load(args.model)
-  tok = loaded.tokenizer
   if not args.prompt.strip():
     sys.exit("jspec: the prompt is empty; pass some text to continue")
+  loaded = _load(args.model)
+  tok = loaded.tokenizer
   if args.raw:
     text = args.prompt
   else:

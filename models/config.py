@@ -71,13 +71,17 @@ class LlamaConfig:
       raise UnsupportedModelError(
           f"model_type {model_type!r} is not supported; jspec loads {sorted(supported)} "
           "(dense Llama-family decoders)")
-    scaling = hf.get("rope_scaling") or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", None):
       raise UnsupportedModelError(
-          f"rope_scaling {kind!r} is not supported yet; use a checkpoint without RoPE scaling")
+          f"RoPE scaling {kind!r} is not supported yet; use a checkpoint without RoPE scaling")
     if hf.get("sliding_window") and hf.get("use_sliding_window", model_type == "mistral"):
       raise UnsupportedModelError("sliding-window attention is not supported")
+    if hf.get("hidden_act", "silu") != "silu":
+      raise UnsupportedModelError(f"activation {hf['hidden_act']!r} is not supported (SwiGLU/silu only)")
+    if hf.get("mlp_bias"):
+      raise UnsupportedModelError("MLP biases (mlp_bias=true) are not supported")
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     arch = supported[model_type]
@@ -85,7 +89,7 @@ class LlamaConfig:
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
         num_heads=heads, num_kv_heads=hf.get("num_key_value_heads", heads), head_dim=head_dim,
-        rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+        rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
         rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),

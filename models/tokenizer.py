@@ -44,14 +44,13 @@ class Tokenizer:
     for i, m in enumerate(messages):
       if not isinstance(m, dict) or "role" not in m or "content" not in m:
         raise ValueError(f"message {i} must be a dict with 'role' and 'content', got {m!r}")
-    import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(msg):
       raise ValueError(f"chat template: {msg}")
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        undefined=jinja2.StrictUndefined if False else jinja2.Undefined)
+                                        extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
     tmpl = env.from_string(self.chat_template)
     bos = self.token(self.bos_id) if self.bos_id is not None else ""
@@ -122,8 +121,13 @@ class Tokenizer:
 
     eos_ids = gen.get("eos_token_id", token_id(conf.get("eos_token")))
     eos_ids = [eos_ids] if isinstance(eos_ids, int) else [i for i in (eos_ids or []) if i is not None]
+    template = conf.get("chat_template")
+    jinja_path = os.path.join(folder, "chat_template.jinja")   # transformers >= 4.50 writes this
+    if template is None and os.path.isfile(jinja_path):
+      with open(jinja_path) as f:
+        template = f.read()
     return cls(backend, bos_id=token_id(conf.get("bos_token")), eos_ids=eos_ids,
-               chat_template=conf.get("chat_template"), add_bos=bool(conf.get("add_bos_token")))
+               chat_template=template, add_bos=bool(conf.get("add_bos_token")))
 
 
 def _read_json(path: str) -> dict:

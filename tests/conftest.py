@@ -1,0 +1,54 @@
+"""Shared fixtures: the real default model (fetched once into the jspec cache) and torch oracles."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import pytest
+
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+  import models
+  return models.load(models.DEFAULT_MODEL, quiet=True)
+
+
+@pytest.fixture(scope="session")
+def gguf_path(smollm):
+  return smollm.source
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(gguf_path):
+  """HF transformers' own reading of the same GGUF, on torch CPU: the oracle."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32)
+  model.eval()
+  return model
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer(gguf_path):
+  transformers = pytest.importorskip("transformers")
+  return transformers.AutoTokenizer.from_pretrained(
+      os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path))
+
+
+CHAT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that reverses a string.",
+    "Explain photosynthesis to a child in three sentences.",
+    "List the first ten prime numbers.",
+    "Translate 'the cat sleeps' into German.",
+]
+
+
+@pytest.fixture(scope="session")
+def chat_ids(smollm):
+  tok = smollm.tokenizer
+  return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in CHAT_PROMPTS]

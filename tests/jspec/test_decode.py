@@ -1,0 +1,101 @@
+"""Plain decoding: batched equals row-by-row, compiles once, exact EOS / max_new_tokens, seeded
+sampling, clear errors for bad input."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jspec import Decoder, count_compiles
+from jspec.cli import main as cli_main
+from models import Llama, LlamaConfig
+
+CFG = LlamaConfig.tiny()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return Llama(CFG, rngs=nnx.Rngs(7))
+
+
+def _prompts(seed, lengths):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, CFG.vocab_size, n).tolist() for n in lengths]
+
+
+@pytest.mark.slow
+def test_batched_equals_row_by_row_default_model(smollm, chat_ids):
+  decoder = Decoder(smollm.model)
+  batched = decoder.generate(chat_ids, max_new_tokens=12, eos=False).token_ids
+  assert len({len(p) for p in chat_ids}) > 1     # ragged prompts
+  for ids, row in zip(chat_ids, batched):
+    assert decoder.generate([ids], max_new_tokens=12, eos=False).token_ids[0] == row
+
+
+def test_batched_equals_row_by_row_sampled(tiny):
+  """With per-row seeds a row's sampled output does not depend on the rest of the batch."""
+  prompts = _prompts(0, [3, 11, 6])
+  decoder = Decoder(tiny)
+  kw = dict(max_new_tokens=10, temperature=[0.0, 0.8, 1.0], top_k=[0, 0, 20], top_p=[1.0, 0.9, 1.0])
+  batched = decoder.generate(prompts, seed=[11, 12, 13], **kw).token_ids
+  for i, p in enumerate(prompts):
+    single = decoder.generate([p], seed=[11 + i], max_new_tokens=10, temperature=kw["temperature"][i],
+                              top_k=kw["top_k"][i], top_p=kw["top_p"][i]).token_ids[0]
+    assert single == batched[i]
+
+
+def test_seeded_and_reproducible(tiny):
+  decoder = Decoder(tiny)
+  prompts = _prompts(1, [5, 5])
+  a = decoder.generate(prompts, max_new_tokens=16, temperature=1.0, seed=3).token_ids
+  b = decoder.generate(prompts, max_new_tokens=16, temperature=1.0, seed=3).token_ids
+  c = decoder.generate(prompts, max_new_tokens=16, temperature=1.0, seed=4).token_ids
+  assert a == b and a != c
+
+
+def test_compiles_once_for_same_static_shapes(tiny):
+  decoder = Decoder(tiny)
+  with count_compiles() as first:
+    decoder.generate(_prompts(2, [7, 12]), max_new_tokens=20, temperature=0.5)
+  with count_compiles() as second:   # other prompts, same bucket, other sampling values
+    decoder.generate(_prompts(3, [9, 4]), max_new_tokens=20, temperature=[0.0, 1.0], top_p=0.5)
+  assert first.count >= 2 and second.count == 0
+
+
+def test_max_new_tokens_is_exact_per_row(tiny):
+  out = Decoder(tiny).generate(_prompts(4, [4, 8, 2]), max_new_tokens=[3, 7, 1], eos=False)
+  assert [len(t) for t in out.token_ids] == [3, 7, 1]
+  assert out.finish_reason == ["length"] * 3
+
+
+def test_eos_stops_each_row_at_its_first_eos(tiny):
+  prompts = _prompts(5, [6, 3])
+  free = Decoder(tiny).generate(prompts, max_new_tokens=24, eos=False).token_ids
+  eos = free[0][5]                                    # a token row 0 emits at step 5
+  out = Decoder(tiny, eos_ids=[eos]).generate(prompts, max_new_tokens=24)
+  for row, full in zip(out.token_ids, free):
+    expected = full[:full.index(eos) + 1] if eos in full else full
+    assert row == expected
+  assert out.finish_reason[0] == "stop" and out.token_ids[0][-1] == eos
+
+
+@pytest.mark.parametrize("prompts, kwargs, message", [
+    ([[]], {}, "prompt 0 is empty"),
+    ([[1] * 600], {}, "prompt 0 has 600 tokens, more than the model's context of 512"),
+    ([[1] * 500], dict(max_new_tokens=20), r"exceeds the model's context of 512"),
+    ([[1, 2]], dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
+    ([[1, 999]], {}, r"token ids outside \[0, 128\)"),
+    ([[1, 2]], dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    ([], {}, "no prompts given"),
+])
+def test_bad_input_is_rejected_before_any_work(tiny, prompts, kwargs, message):
+  with count_compiles() as c, pytest.raises(ValueError, match=message):
+    Decoder(tiny).generate(prompts, **kwargs)
+  assert c.count == 0
+
+
+def test_cli_rejects_empty_prompt_and_unknown_model():
+  with pytest.raises(SystemExit, match="the prompt is empty"):
+    cli_main(["generate", "  "])
+  with pytest.raises(SystemExit, match="unknown model 'nope'"):
+    cli_main(["generate", "hello", "--model", "nope"])

@@ -1,0 +1,99 @@
+"""The logits-processing path against an independent numpy reference, and sampling frequencies
+against the processed distribution (chi-square)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jspec.sampling import SamplingParams, process_logits, sample
+
+
+def reference_probs(logits, temperature, top_k, top_p):
+  """Plain numpy, one row at a time: temperature, then top-k, then top-p (smallest prefix of the
+  sorted distribution whose mass reaches top_p)."""
+  if temperature == 0:
+    out = np.zeros_like(logits)
+    out[np.argmax(logits)] = 1.0
+    return out
+  z = logits / temperature
+  order = np.argsort(-z)
+  keep = np.zeros(len(z), bool)
+  k = len(z) if top_k == 0 else min(top_k, len(z))
+  keep[order[:k]] = True
+  if top_p < 1.0:
+    zk = np.where(keep, z, -np.inf)
+    pk = np.exp(zk - zk.max())
+    pk /= pk.sum()
+    mass = 0.0
+    keep_p = np.zeros(len(z), bool)
+    for idx in order:
+      if not keep[idx]:
+        break
+      keep_p[idx] = True
+      mass += pk[idx]
+      if mass >= top_p:
+        break
+    keep &= keep_p
+  e = np.where(keep, np.exp(z - z[keep].max()), 0.0)
+  return e / e.sum()
+
+
+ROWS = [(0.0, 0, 1.0), (1.0, 0, 1.0), (0.7, 5, 1.0), (1.3, 0, 0.8), (0.5, 12, 0.6),
+        (2.0, 1, 1.0), (1.0, 0, 0.05), (1.0, 40, 0.95)]
+
+
+def test_process_logits_matches_reference():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(0, 2.5, size=(len(ROWS), 32)).astype(np.float32)
+  params = SamplingParams.make(len(ROWS), *map(list, zip(*ROWS)))
+  got = np.exp(np.asarray(process_logits(jnp.asarray(logits), params)))
+  for row, (t, k, p) in enumerate(ROWS):
+    np.testing.assert_allclose(got[row], reference_probs(logits[row].astype(np.float64), t, k, p),
+                               atol=2e-6, err_msg=f"row {row}: T={t} top_k={k} top_p={p}")
+
+
+def test_process_logits_broadcasts_over_positions():
+  rng = np.random.default_rng(1)
+  logits = rng.normal(size=(3, 4, 16)).astype(np.float32)   # [B, D+1, V] as in verification
+  params = SamplingParams.make(3, [0.0, 0.9, 1.2], [0, 4, 0], [1.0, 1.0, 0.7])
+  got = np.asarray(process_logits(jnp.asarray(logits), params))
+  for b in range(3):
+    sub = SamplingParams.make(4, float(params.temperature[b]), int(params.top_k[b]),
+                              float(params.top_p[b]))
+    np.testing.assert_allclose(got[b], np.asarray(process_logits(jnp.asarray(logits[b]), sub)),
+                               atol=1e-6)
+
+
+def test_sample_frequencies_match_processed_distribution():
+  """1e5 draws per row through `sample`, chi-square against the processed distribution. The
+  threshold p < 1e-4 per row (8 rows) gives a false-alarm rate below 1e-3 per run."""
+  rng = np.random.default_rng(2)
+  v, n = 12, 100_000
+  logits = rng.normal(0, 1.5, size=(len(ROWS), v)).astype(np.float32)
+  params = SamplingParams.make(len(ROWS), *map(list, zip(*ROWS)))
+  probs = np.exp(np.asarray(process_logits(jnp.asarray(logits), params), np.float64))
+  draw = jax.jit(jax.vmap(lambda k: sample(jax.random.split(k, len(ROWS)), jnp.asarray(logits),
+                                           params)))
+  tokens = np.asarray(draw(jax.random.split(jax.random.key(0), n)))   # [n, B]
+  for row in range(len(ROWS)):
+    counts = np.bincount(tokens[:, row], minlength=v)
+    support = probs[row] > 0
+    assert counts[~support].sum() == 0, f"row {row} sampled outside the top-k/top-p set"
+    if support.sum() == 1:
+      continue
+    _, pvalue = stats.chisquare(counts[support], n * probs[row][support] / probs[row][support].sum())
+    assert pvalue > 1e-4, f"row {row} {ROWS[row]}: p={pvalue}"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-0.5), "temperature must be >= 0"),
+    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(temperature=[0.1, 0.2, 0.3]), "temperature has 3 values for a batch of 2"),
+])
+def test_bad_sampling_parameters(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    SamplingParams.make(2, **kwargs)
