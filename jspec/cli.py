@@ -15,11 +15,30 @@ def _load(name: str):
     sys.exit(f"jspec: {e}")
 
 
+def _spec_config(args):
+  from jspec.config import SpeculativeConfig
+
+  cfg = dict(method=args.drafter, num_speculative_tokens=args.num_draft)
+  if args.drafter == "ngram":
+    cfg.update(prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max)
+  elif args.drafter == "layer-skip":
+    cfg.update(num_layers=args.draft_layers)
+  elif args.drafter == "draft-model":
+    cfg.update(draft_model=args.draft_model)
+  return SpeculativeConfig.from_dict(cfg)
+
+
 def cmd_generate(args) -> None:
   from jspec.decode import Decoder
+  from jspec.sampling import SamplingParams
 
   if not args.prompt.strip():
     sys.exit("jspec: the prompt is empty; pass some text to continue")
+  try:   # validate everything cheap before loading a model
+    SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
+    spec = _spec_config(args) if args.drafter != "none" else None
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
   loaded = _load(args.model)
   tok = loaded.tokenizer
   if args.raw:
@@ -28,24 +47,39 @@ def cmd_generate(args) -> None:
     messages = ([{"role": "system", "content": args.system}] if args.system else [])
     text = tok.apply_chat_template(messages + [{"role": "user", "content": args.prompt}])
   ids = tok.encode(text)
-  decoder = Decoder(loaded.model, eos_ids=tok.eos_ids)
+  kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+            top_p=args.top_p, seed=args.seed)
   try:
-    out = decoder.generate([ids], max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    base = Decoder(loaded.model, eos_ids=tok.eos_ids).generate([ids], **kw)
+    out = base
+    if spec is not None:
+      from jspec.spec_decode import SpecDecoder
+      draft = _load(spec.draft_model).model if spec.method == "draft_model" else None
+      out = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids).generate([ids], **kw)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   new = out.token_ids[0]
   completion = tok.decode(new, skip_special_tokens=True)
+  record = dict(model=loaded.name, drafter=args.drafter, prompt=args.prompt, text=completion,
+                token_ids=new, num_prompt_tokens=len(ids), num_tokens=len(new),
+                finish_reason=out.finish_reason[0], tokens_per_s=out.tokens_per_s,
+                prefill_s=out.prefill_s, decode_s=out.decode_s, compile_s=out.compile_s)
+  if spec is not None:
+    record.update(num_draft=spec.num_speculative_tokens,
+                  acceptance_length=out.acceptance_length,
+                  per_position_acceptance=out.per_position_acceptance,
+                  baseline_tokens_per_s=base.tokens_per_s,
+                  speedup=out.tokens_per_s / base.tokens_per_s,
+                  same_as_baseline=new == base.token_ids[0])
   if args.json:
-    print(json.dumps(dict(model=loaded.name, prompt=args.prompt, text=completion, token_ids=new,
-                          num_prompt_tokens=len(ids), num_tokens=len(new),
-                          finish_reason=out.finish_reason[0], tokens_per_s=out.tokens_per_s,
-                          prefill_s=out.prefill_s, decode_s=out.decode_s,
-                          compile_s=out.compile_s)))
-  else:
-    print(completion)
-    print(f"[{len(new)} tokens, {out.tokens_per_s:.1f} tokens/s (compilation {out.compile_s:.1f} s excluded), "
-          f"finish: {out.finish_reason[0]}]", file=sys.stderr)
+    print(json.dumps(record))
+    return
+  print(completion)
+  line = f"[{len(new)} tokens, {out.tokens_per_s:.1f} tokens/s"
+  if spec is not None:
+    line += (f" vs plain {base.tokens_per_s:.1f} tokens/s: speedup {record['speedup']:.2f}x, "
+             f"acceptance length {out.acceptance_length:.2f}")
+  print(line + f"; finish: {out.finish_reason[0]}; compilation excluded]", file=sys.stderr)
 
 
 def cmd_bench_decode(args) -> None:
@@ -79,6 +113,14 @@ def main(argv=None) -> None:
   g.add_argument("--system", default=None, help="system message for the chat template")
   g.add_argument("--raw", action="store_true", help="continue PROMPT as-is, no chat template")
   g.add_argument("--json", action="store_true", help="print one JSON object")
+  g.add_argument("--drafter", default="none", choices=["none", "ngram", "draft-model", "layer-skip"],
+                 help="speculative drafter; with one, plain decoding also runs for the speedup")
+  g.add_argument("--num-draft", type=int, default=3, help="draft tokens per round (D)")
+  g.add_argument("--draft-model", default=DEFAULT_MODEL, help="model for --drafter draft-model")
+  g.add_argument("--draft-layers", type=int, default=None,
+                 help="target layers the layer-skip drafter keeps (default: a quarter)")
+  g.add_argument("--ngram-min", type=int, default=1)
+  g.add_argument("--ngram-max", type=int, default=4)
   g.set_defaults(func=cmd_generate)
 
   b = sub.add_parser("bench-decode", help="plain-decode tokens/s vs a measured bandwidth roofline")

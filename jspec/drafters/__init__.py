@@ -1,0 +1,1 @@
+"""Drafters: one algorithm per file, all behind the interface in `base.py`."""

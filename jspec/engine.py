@@ -1,0 +1,179 @@
+"""The speculative round and the generate loop.
+
+One round = draft -> verify -> accept -> commit, composed under one `jax.jit`:
+  draft   drafter.propose(params, state, ctx, keys) -> Draft(tokens [B, D], q, length)
+  verify  the target runs once over [last committed, d_1..d_D] at cache slots length-1 ...
+  accept  rejection sampling with per-row first-rejection index (jspec.rejection)
+  commit  per-row lengths advance by the emitted tokens (EOS, max_new_tokens and cache capacity
+          truncate); nothing is copied: K/V past the new length is garbage the next round overwrites.
+`generate` is a `lax.while_loop` over rounds on device; `stream` is a host loop over the same
+jitted round. B, D and the buffer length are static; per-row progress lives in lengths and masks.
+
+Invariant between rounds: `tokens[b, :length[b]]` is committed; the target cache holds K/V of the
+first length-1 of them (the last committed token is fed at the start of the next verify).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.drafters.base import Context, Draft
+from jspec.rejection import verify_chain
+from jspec.sampling import SamplingParams, process_logits, sample
+from models.kv_cache import KVCache
+
+RUNNING, STOP_EOS, STOP_LENGTH, STOP_CACHE_FULL = 0, 1, 2, 3
+FINISH_REASONS = {RUNNING: "running", STOP_EOS: "stop", STOP_LENGTH: "length",
+                  STOP_CACHE_FULL: "cache_full"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+  rounds: jax.Array        # [B] verify passes while the row was live
+  drafted: jax.Array       # [B] draft tokens proposed while live
+  accepted: jax.Array      # [B] draft tokens accepted while live
+  emitted: jax.Array       # [B] tokens committed by rounds (the prefill's first token excluded)
+  accepted_at: jax.Array   # [B, D] rounds in which draft position i was accepted
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SpecState:
+  tokens: jax.Array        # [B, S] committed tokens, prompt first
+  length: jax.Array        # [B]
+  prompt_len: jax.Array    # [B]
+  max_new: jax.Array       # [B]
+  finish: jax.Array        # [B] RUNNING or the reason the row stopped
+  cache: KVCache           # target cache, lengths = length - 1
+  drafter_state: Any
+  keys: jax.Array          # [B] per-row PRNG keys
+  round: jax.Array         # [] int32
+  hidden: tuple            # target taps of the last verify, for drafters that want them
+  metrics: Metrics
+
+  @property
+  def done(self) -> jax.Array:
+    return self.finish != RUNNING
+
+  def context(self, params: SamplingParams) -> Context:
+    return Context(tokens=self.tokens, length=self.length, prompt_len=self.prompt_len,
+                   params=params, target_hidden=self.hidden)
+
+
+def _step_keys(keys: jax.Array, step: jax.Array, salt: int) -> jax.Array:
+  return jax.vmap(lambda k: jax.random.fold_in(jax.random.fold_in(k, step), salt))(keys)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "max_len", "eos_ids"))
+def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
+                 prompt_len: jax.Array, max_new: jax.Array, params: SamplingParams,
+                 keys: jax.Array, *, max_len: int, eos_ids: tuple[int, ...]) -> SpecState:
+  """Prefills the target on the prompts, samples the first token, and initialises the drafter."""
+  model = nnx.merge(graphdef, weights)
+  b, p = prompt.shape
+  dtype = jax.tree_util.tree_leaves(weights)[0].dtype
+  cache = KVCache.init(model.config, b, max_len, dtype=dtype)
+  out = model(prompt, cache, num_new=prompt_len, logit_indices=(prompt_len - 1)[:, None])
+  first = sample(_step_keys(keys, jnp.int32(0), 0), out.logits[:, 0], params)
+  tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompt)
+  rows = jnp.arange(b)
+  tokens = tokens.at[rows, prompt_len].set(first, mode="drop")
+  is_eos = jnp.isin(first, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros((b,), bool)
+  length = prompt_len + 1
+  finish = jnp.where(is_eos, STOP_EOS, jnp.where(max_new <= 1, STOP_LENGTH,
+                                                 jnp.where(length >= max_len, STOP_CACHE_FULL,
+                                                           RUNNING)))
+  d = drafter.num_draft
+  zeros = jnp.zeros((b,), jnp.int32)
+  metrics = Metrics(zeros, zeros, zeros, zeros, jnp.zeros((b, d), jnp.int32))
+  state = SpecState(tokens=tokens, length=length, prompt_len=prompt_len, max_new=max_new,
+                    finish=finish, cache=out.cache, drafter_state=None, keys=keys,
+                    round=jnp.zeros((), jnp.int32), hidden=_empty_hidden(model, b, drafter),
+                    metrics=metrics)
+  dstate = drafter.init_state(drafter_params, prompt, state.context(params), max_len)
+  return dataclasses.replace(state, drafter_state=dstate)
+
+
+def _empty_hidden(model, b, drafter):
+  h = model.config.hidden_size
+  return tuple(jnp.zeros((b, drafter.num_draft + 1, h), jnp.float32) for _ in drafter.target_taps)
+
+
+def round_step(model, drafter, drafter_params, state: SpecState, params: SamplingParams,
+               eos_ids: tuple[int, ...]) -> SpecState:
+  """One speculative round (traceable; `spec_round` and `spec_generate` jit it)."""
+  b, s = state.tokens.shape
+  d = drafter.num_draft
+  rows = jnp.arange(b)
+  live = ~state.done
+  step = state.round + 1
+  ctx = state.context(params)
+
+  # 1. draft
+  draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx,
+                                  _step_keys(state.keys, step, 1))
+  draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
+
+  # 2. verify: [last committed, d_1..d_D] at slots length-1 .. length-1+D
+  last = state.tokens[rows, state.length - 1]
+  block = jnp.concatenate([last[:, None], draft.tokens], axis=1)                 # [B, D+1]
+  out = model(block, state.cache, taps=drafter.target_taps)
+  p = jnp.exp(process_logits(out.logits, params))                                # [B, D+1, V]
+
+  # 3. accept
+  n_acc, new = verify_chain(_step_keys(state.keys, step, 2), p, draft.tokens, draft.q, draft_len)
+
+  # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
+  j = jnp.arange(d + 1)[None, :]
+  is_eos = jnp.isin(new, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(new, bool)
+  eos_at = jnp.min(jnp.where(is_eos & (j <= n_acc[:, None]), j, d + 1), axis=1)   # [B]
+  generated = state.length - state.prompt_len
+  room_new = state.max_new - generated
+  room_cache = s - state.length
+  n_emit = jnp.minimum(jnp.minimum(n_acc + 1, eos_at + 1), jnp.minimum(room_new, room_cache))
+  n_emit = jnp.where(live, jnp.maximum(n_emit, 0), 0)
+  slots = jnp.where(j < n_emit[:, None], state.length[:, None] + j, s)           # s = dropped
+  tokens = state.tokens.at[rows[:, None], slots].set(new, mode="drop")
+  length = state.length + n_emit
+  hit_eos = live & (eos_at < n_emit)
+  finish = jnp.where(
+      ~live, state.finish,
+      jnp.where(hit_eos, STOP_EOS,
+                jnp.where(length - state.prompt_len >= state.max_new, STOP_LENGTH,
+                          jnp.where(length >= s, STOP_CACHE_FULL, RUNNING))))
+  m = state.metrics
+  live_i = live.astype(jnp.int32)
+  metrics = Metrics(
+      rounds=m.rounds + live_i, drafted=m.drafted + live_i * draft_len,
+      accepted=m.accepted + live_i * n_acc, emitted=m.emitted + n_emit,
+      accepted_at=m.accepted_at + live_i[:, None] * (jnp.arange(d)[None, :] < n_acc[:, None]))
+  state = dataclasses.replace(
+      state, tokens=tokens, length=length, finish=finish, round=step,
+      cache=out.cache.with_lengths(jnp.maximum(length - 1, 0)), drafter_state=dstate,
+      hidden=tuple(h.astype(jnp.float32) for h in out.hidden), metrics=metrics)
+  dstate = drafter.commit(drafter_params, state.drafter_state, state.context(params))
+  return dataclasses.replace(state, drafter_state=dstate)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))
+def spec_round(graphdef, weights, drafter, drafter_params, state: SpecState,
+               params: SamplingParams, *, eos_ids: tuple[int, ...]) -> SpecState:
+  """One jitted round, for host-driven loops (streaming)."""
+  return round_step(nnx.merge(graphdef, weights), drafter, drafter_params, state, params, eos_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))
+def spec_generate(graphdef, weights, drafter, drafter_params, state: SpecState,
+                  params: SamplingParams, *, eos_ids: tuple[int, ...]) -> SpecState:
+  """Rounds until every row is done, on device."""
+  model = nnx.merge(graphdef, weights)
+  return jax.lax.while_loop(
+      lambda s: ~jnp.all(s.done),
+      lambda s: round_step(model, drafter, drafter_params, s, params, eos_ids), state)

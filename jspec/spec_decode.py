@@ -1,0 +1,180 @@
+"""`SpecDecoder`: the user-facing speculative generator over the jitted round (jspec.engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec import engine
+from jspec.config import SpeculativeConfig
+from jspec.decode import bucket, pad_prompts, row_keys
+from jspec.drafters.draft_model import DraftModelDrafter, layer_skip_model
+from jspec.drafters.ngram import NgramDrafter
+from jspec.sampling import SamplingParams
+from models.llama import Llama
+
+
+@dataclasses.dataclass
+class SpecOutput:
+  token_ids: list[list[int]]
+  finish_reason: list[str]
+  prefill_s: float
+  decode_s: float
+  compile_s: float
+  rounds: int                      # verify passes, summed over rows
+  drafted: int
+  accepted: int
+  emitted: int                     # tokens committed by rounds (excludes each row's first token)
+  per_position_acceptance: list[float]
+
+  @property
+  def num_tokens(self) -> int:
+    return sum(len(t) for t in self.token_ids)
+
+  @property
+  def tokens_per_s(self) -> float:
+    return self.num_tokens / max(self.prefill_s + self.decode_s, 1e-9)
+
+  @property
+  def acceptance_length(self) -> float:
+    """Tokens committed per target verify, bonus included."""
+    return self.emitted / max(self.rounds, 1)
+
+  def metrics(self) -> dict:
+    return dict(acceptance_length=self.acceptance_length,
+                per_position_acceptance=self.per_position_acceptance, rounds=self.rounds,
+                drafted=self.drafted, accepted=self.accepted, tokens_per_s=self.tokens_per_s)
+
+
+def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama | None = None):
+  """Returns (drafter, drafter_params) for a config."""
+  d = config.num_speculative_tokens
+  if config.method == "ngram":
+    return NgramDrafter(d, config.prompt_lookup_min, config.prompt_lookup_max), None
+  if config.method == "layer_skip":
+    k = config.num_layers or max(1, target.config.num_layers // 4)
+    return DraftModelDrafter.from_model(layer_skip_model(target, k), d,
+                                        sample=config.draft_sampling)
+  if draft_model is None:
+    if config.draft_model is None:
+      raise ValueError("method 'draft_model' needs draft_model (a model name or path, or pass "
+                       "the loaded model as draft_model=)")
+    import models
+    draft_model = models.load(config.draft_model, quiet=True).model
+  if draft_model.config.vocab_size != target.config.vocab_size:
+    raise ValueError(f"draft model vocabulary ({draft_model.config.vocab_size}) differs from the "
+                     f"target's ({target.config.vocab_size}); a draft model must share the "
+                     "target's tokenizer")
+  return DraftModelDrafter.from_model(draft_model, d, sample=config.draft_sampling)
+
+
+class SpecDecoder:
+  """Speculative decoding of `target` with the drafter a config names."""
+
+  def __init__(self, target: Llama, config: SpeculativeConfig | dict, *,
+               draft_model: Llama | None = None, eos_ids: Sequence[int] = ()):
+    self.spec = config if isinstance(config, SpeculativeConfig) else \
+        SpeculativeConfig.from_dict(config)
+    self.config = target.config
+    self.graphdef, self.weights = nnx.split(target)
+    self.drafter, self.drafter_params = build_drafter(self.spec, target, draft_model)
+    self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
+    self._programs = {}
+
+  @property
+  def num_draft(self) -> int:
+    return self.drafter.num_draft
+
+  def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len):
+    tokens, lens = pad_prompts(prompts, self.config.max_position, self.config.vocab_size)
+    b = len(prompts)
+    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
+        if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
+    if max_new.shape != (b,) or np.any(max_new < 1):
+      raise ValueError(f"max_new_tokens must be >= 1 per row (one value or {b}), got {max_new_tokens}")
+    too_long = np.nonzero(lens + max_new > self.config.max_position)[0]
+    if len(too_long):
+      i = int(too_long[0])
+      raise ValueError(f"prompt {i} ({lens[i]} tokens) + max_new_tokens ({max_new[i]}) exceeds the "
+                       f"model's context of {self.config.max_position}")
+    d = self.num_draft
+    if max_len is None:
+      max_len = tokens.shape[1] + int(max_new.max()) + d + 1
+    elif int(lens.max()) + 1 + d > max_len:
+      raise ValueError(f"num_speculative_tokens ({d}) is too large for max_len={max_len}: the "
+                       f"longest prompt ({int(lens.max())} tokens) + 1 + D must fit; raise max_len "
+                       "or lower num_speculative_tokens")
+    if tokens.shape[1] > max_len:
+      tokens = tokens[:, :max_len]
+    params = SamplingParams.make(b, temperature, top_k, top_p)
+    return tokens, lens, max_new, params, row_keys(seed, b), int(max_len)
+
+  def _compiled(self, tokens, lens, max_new, params, keys, max_len, eos_ids):
+    key = (tokens.shape, max_len, eos_ids)
+    if key not in self._programs:
+      args = (self.weights, self.drafter, self.drafter_params, jnp.asarray(tokens),
+              jnp.asarray(lens), jnp.asarray(max_new), params, keys)
+      lowered = engine.spec_prefill.lower(self.graphdef, *args, max_len=max_len, eos_ids=eos_ids)
+      pre = lowered.compile()
+      state = lowered.out_info   # the SpecState's shapes, to compile the loop ahead of time too
+      gen = engine.spec_generate.lower(self.graphdef, self.weights, self.drafter,
+                                       self.drafter_params, state, params,
+                                       eos_ids=eos_ids).compile()
+      self._programs[key] = (pre, gen)
+    return self._programs[key]
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
+               top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None) -> SpecOutput:
+    tokens, lens, max_new, params, keys, max_len = self._prepare(
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len)
+    eos_ids = self.eos_ids if eos else ()
+    t0 = time.perf_counter()
+    pre, gen = self._compiled(tokens, lens, max_new, params, keys, max_len, eos_ids)
+    t1 = time.perf_counter()
+    state = pre(self.weights, self.drafter_params, jnp.asarray(tokens), jnp.asarray(lens),
+                jnp.asarray(max_new), params, keys)
+    jax.block_until_ready(state)
+    t2 = time.perf_counter()
+    state = gen(self.weights, self.drafter_params, state, params)
+    jax.block_until_ready(state)
+    t3 = time.perf_counter()
+    return self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=t1 - t0)
+
+  def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
+             top_k=0, top_p=1.0, seed=0, eos: bool = True,
+             max_len: int | None = None) -> Iterator[list[list[int]]]:
+    """Yields, after the prefill and after every round, the tokens each row newly committed."""
+    tokens, lens, max_new, params, keys, max_len = self._prepare(
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len)
+    eos_ids = self.eos_ids if eos else ()
+    state = engine.spec_prefill(self.graphdef, self.weights, self.drafter, self.drafter_params,
+                                jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(max_new),
+                                params, keys, max_len=max_len, eos_ids=eos_ids)
+    seen = lens.copy()
+    while True:
+      length = np.asarray(state.length)
+      buf = np.asarray(state.tokens)
+      yield [buf[i, seen[i]:length[i]].tolist() for i in range(len(lens))]
+      seen = length
+      if bool(np.all(np.asarray(state.done))):
+        return
+      state = engine.spec_round(self.graphdef, self.weights, self.drafter, self.drafter_params,
+                                state, params, eos_ids=eos_ids)
+
+  def _output(self, state, lens, **times) -> SpecOutput:
+    buf = np.asarray(state.tokens)
+    length = np.asarray(state.length)
+    finish = np.asarray(state.finish)
+    m = jax.tree_util.tree_map(np.asarray, state.metrics)
+    rounds = int(m.rounds.sum())
+    return SpecOutput(
+        token_ids=[buf[i, lens[i]:length[i]].tolist() for i in range(len(lens))],
+        finish_reason=[engine.FINISH_REASONS[int(f)] for f in finish], rounds=rounds,
+        drafted=int(m.drafted.sum()), accepted=int(m.accepted.sum()), emitted=int(m.emitted.sum()),
+        per_position_acceptance=(m.accepted_at.sum(0) / max(rounds, 1)).tolist(), **times)
