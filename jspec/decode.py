@@ -39,6 +39,7 @@ def prefill(graphdef, weights, cache: KVCache, tokens: jax.Array, prompt_lens: j
 @dataclasses.dataclass(frozen=True)
 class DecodeState:
   tokens: jax.Array          # [B, N] generated tokens (N = buffer size)
+  margins: jax.Array         # [B, N] top-2 raw-logit gap at each step (near-tie detection)
   num_generated: jax.Array   # [B]
   done: jax.Array            # [B] bool
   cache: KVCache
@@ -46,15 +47,18 @@ class DecodeState:
   step: jax.Array            # [] int32
 
 
-def _emit(state: DecodeState, new: jax.Array, max_new: jax.Array, eos_ids: tuple[int, ...]):
+def _emit(state: DecodeState, logits: jax.Array, new: jax.Array, max_new: jax.Array,
+          eos_ids: tuple[int, ...]):
   live = ~state.done
   rows = jnp.arange(new.shape[0])
   slot = jnp.where(live, state.num_generated, state.tokens.shape[1])  # finished rows write nowhere
   tokens = state.tokens.at[rows, slot].set(new, mode="drop")
+  top2 = jax.lax.top_k(logits, 2)[0]
+  margins = state.margins.at[rows, slot].set(top2[:, 0] - top2[:, 1], mode="drop")
   n = state.num_generated + live.astype(jnp.int32)
   is_eos = jnp.isin(new, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(live)
   done = state.done | (live & is_eos) | (n >= max_new)
-  return dataclasses.replace(state, tokens=tokens, num_generated=n, done=done)
+  return dataclasses.replace(state, tokens=tokens, margins=margins, num_generated=n, done=done)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "buffer_len", "eos_ids"))
@@ -64,10 +68,11 @@ def decode(graphdef, weights, cache: KVCache, first_logits: jax.Array, params: S
   model = nnx.merge(graphdef, weights)
   b = first_logits.shape[0]
   state = DecodeState(tokens=jnp.zeros((b, buffer_len), jnp.int32),
+                      margins=jnp.zeros((b, buffer_len), jnp.float32),
                       num_generated=jnp.zeros((b,), jnp.int32), done=max_new <= 0, cache=cache,
                       keys=keys, step=jnp.zeros((), jnp.int32))
   step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, 0)
-  state = _emit(state, sample(step_keys, first_logits, params), max_new, eos_ids)
+  state = _emit(state, first_logits, sample(step_keys, first_logits, params), max_new, eos_ids)
 
   def cond(s: DecodeState):
     return ~jnp.all(s.done)
@@ -78,7 +83,8 @@ def decode(graphdef, weights, cache: KVCache, first_logits: jax.Array, params: S
     step = s.step + 1
     ks = jax.vmap(jax.random.fold_in, (0, None))(s.keys, step)
     s = dataclasses.replace(s, cache=out.cache, step=step)
-    return _emit(s, sample(ks, out.logits[:, 0], params), max_new, eos_ids)
+    logits = out.logits[:, 0]
+    return _emit(s, logits, sample(ks, logits, params), max_new, eos_ids)
 
   return jax.lax.while_loop(cond, body, state)
 
@@ -90,6 +96,8 @@ class DecodeOutput:
   prefill_s: float
   decode_s: float
   compile_s: float = 0.0         # ahead-of-time compilation, 0 when the shapes were seen before
+  margins: list[list[float]] = dataclasses.field(default_factory=list)
+  # per generated token, the gap between the two largest raw logits it was chosen from
 
   @property
   def num_tokens(self) -> int:
@@ -178,12 +186,13 @@ class Decoder:
     t2 = time.perf_counter()
     state = run_decode(self.weights, cache, logits, params, row_keys(seed, b), jnp.asarray(max_new))
     out_tokens = np.asarray(state.tokens)
+    margins = np.asarray(state.margins)
     n = np.asarray(state.num_generated)
     t3 = time.perf_counter()
     rows = [out_tokens[i, :n[i]].tolist() for i in range(b)]
     reasons = ["stop" if r and r[-1] in eos_ids else "length" for r in rows]
     return DecodeOutput(token_ids=rows, finish_reason=reasons, prefill_s=t2 - t1, decode_s=t3 - t2,
-                        compile_s=t1 - t0)
+                        compile_s=t1 - t0, margins=[margins[i, :n[i]].tolist() for i in range(b)])
 
   @property
   def weights_dtype(self):

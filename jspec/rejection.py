@@ -28,36 +28,43 @@ def residual_distribution(p: jax.Array, q: jax.Array) -> jax.Array:
   return jnp.where(mass > 1e-9, r / jnp.where(mass > 1e-9, mass, 1.0), p)
 
 
+def chain_outcomes(p: jax.Array, draft: jax.Array, q: jax.Array | None,
+                   draft_len: jax.Array | None = None):
+  """The deterministic part of chain verification.
+
+  Returns (accept [B, D], final [B, D+1, V]): accept[b, i] is the probability that draft token i is
+  accepted given tokens < i were; final[b, k] is the distribution of the token emitted when exactly
+  k drafts are accepted (the residual at the first rejection, or p_{D+1} as the bonus when k = D).
+  Positions at or past draft_len were not proposed: never accepted, and sampled from p there.
+  """
+  b, d = draft.shape
+  v = p.shape[-1]
+  proposed = jnp.arange(d)[None, :] < (d if draft_len is None else draft_len[:, None])   # [B, D]
+  p_draft = jnp.take_along_axis(p[:, :d], draft[:, :, None], axis=-1)[..., 0]
+  q_draft = None if q is None else jnp.take_along_axis(q, draft[:, :, None], axis=-1)[..., 0]
+  accept = jnp.where(proposed, acceptance_probability(p_draft, q_draft), 0.0)
+  q_used = jax.nn.one_hot(draft, v, dtype=p.dtype) if q is None else q.astype(p.dtype)
+  q_used = jnp.where(proposed[..., None], q_used, 0.0)
+  q_used = jnp.concatenate([q_used, jnp.zeros((b, 1, v), p.dtype)], axis=1)               # [B, D+1, V]
+  return accept, residual_distribution(p, q_used)
+
+
 def verify_chain(keys: jax.Array, p: jax.Array, draft: jax.Array, q: jax.Array | None,
                  draft_len: jax.Array | None = None):
   """Returns (n_accepted [B], tokens [B, D+1]); the first n_accepted + 1 tokens of a row are its
   output (accepted drafts, then the residual or bonus token); the rest are padding.
 
-  keys: [B] per-row PRNG keys. draft_len: [B] how many of the D draft tokens a row proposes (the
-  rest are never accepted; a model-free drafter may find fewer than D).
+  keys: [B] per-row PRNG keys. draft_len: [B] how many of the D draft tokens a row proposes (a
+  model-free drafter may find fewer than D).
   """
   b, d = draft.shape
   v = p.shape[-1]
-  p_draft = jnp.take_along_axis(p[:, :d], draft[:, :, None], axis=-1)[..., 0]           # [B, D]
-  q_draft = None if q is None else jnp.take_along_axis(q, draft[:, :, None], axis=-1)[..., 0]
+  accept, final = chain_outcomes(p, draft, q, draft_len)
   u_key, r_key = jax.vmap(jax.random.split, out_axes=1)(keys)
   u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (d,)))(u_key)   # (0, 1]: P(u <= a) = a
-  ok = u <= acceptance_probability(p_draft, q_draft)
-  if draft_len is not None:
-    ok &= jnp.arange(d)[None, :] < draft_len[:, None]
-  n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)                     # [B]
-  # The final token: residual at the first rejected position, or the bonus from p_{D+1}.
+  n_acc = jnp.sum(jnp.cumprod((u <= accept).astype(jnp.int32), axis=1), axis=1)         # [B]
   rows = jnp.arange(b)
-  p_final = p[rows, n_acc]                                                               # [B, V]
-  if q is None:
-    q_final = jax.nn.one_hot(draft[rows, jnp.minimum(n_acc, d - 1)], v, dtype=p.dtype)
-  else:
-    q_final = q[rows, jnp.minimum(n_acc, d - 1)]
-  proposed = n_acc < (d if draft_len is None else jnp.minimum(draft_len, d))
-  q_final = jnp.where(proposed[:, None], q_final, 0.0)   # nothing proposed there: sample from p
-  final_dist = residual_distribution(p_final, q_final)
   gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (v,)))(r_key)
-  final = jnp.argmax(jnp.log(final_dist) + gumbel, axis=-1).astype(jnp.int32)
+  last = jnp.argmax(jnp.log(final[rows, n_acc]) + gumbel, axis=-1).astype(jnp.int32)
   tokens = jnp.concatenate([draft, jnp.zeros((b, 1), draft.dtype)], axis=1)
-  tokens = tokens.at[rows, n_acc].set(final)
-  return n_acc, tokens
+  return n_acc, tokens.at[rows, n_acc].set(last)
