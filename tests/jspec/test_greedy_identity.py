@@ -1,0 +1,87 @@
+"""Greedy speculative decoding emits plain greedy decoding's tokens on the default model: 20 prompts
+x B in {1, 4} x D in {1, 3, 7} x every drafter.
+
+A (1+D)-token verify and a 1-token decode reduce in different orders, so where the plain path's
+own top-2 logit gap is below 1e-4 either token is correct: rows are compared up to the first such
+near-tie, and the near-tie rate is reported. Any divergence without a near-tie fails.
+"""
+
+import numpy as np
+import pytest
+
+from jspec import Decoder, SpecDecoder
+
+pytestmark = pytest.mark.slow
+
+NEW = 16
+NEAR_TIE = 1e-4
+PROMPTS = [
+    "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",
+    "Copy this list exactly: apples, pears, plums, figs, dates.",
+    "Rename the variable x to total in: x = 0; for v in vals: x += v",
+    "Fix the typo and repeat: The cat sat on teh mat.",
+    "Say 'hello world' three times.",
+    "Count from one to ten in words.",
+    "What is 12 times 12?",
+    "Name the planets of the solar system.",
+    "Write one sentence about rain.",
+    "What does CPU stand for?",
+    "Give a synonym for happy.",
+    "What is the capital of Italy?",
+    "Spell the word banana letter by letter.",
+    "Finish the phrase: to be or not to be",
+    "Convert 3 meters to centimeters.",
+    "List three colors of the rainbow.",
+    "Translate 'thank you' into French.",
+    "What is the boiling point of water?",
+    "Write a Python print statement for hi.",
+    "Name a famous painter.",
+]
+DRAFTERS = {
+    "ngram": lambda d: ({"method": "ngram", "num_speculative_tokens": d}, False),
+    "draft_model": lambda d: ({"method": "draft_model", "num_speculative_tokens": d}, True),
+    "layer_skip": lambda d: ({"method": "layer_skip", "num_speculative_tokens": d,
+                              "num_layers": 8}, False),
+}
+_stats = {"rows": 0, "near_ties": 0}
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm):
+  tok = smollm.tokenizer
+  ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS]
+  assert all(32 < len(i) <= 64 for i in ids)    # one prompt bucket: one compile per config
+  return ids
+
+
+@pytest.fixture(scope="module")
+def plain(smollm, prompts):
+  decoder = Decoder(smollm.model)
+  outs = [decoder.generate([p], max_new_tokens=NEW, eos=False) for p in prompts]
+  return [(o.token_ids[0], o.margins[0]) for o in outs]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("d", [1, 3, 7])
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_identity(smollm, prompts, plain, name, d, batch):
+  cfg, self_draft = DRAFTERS[name](d)
+  sd = SpecDecoder(smollm.model, cfg, draft_model=smollm.model if self_draft else None)
+  outs = []
+  for start in range(0, len(prompts), batch):
+    outs += sd.generate(prompts[start:start + batch], max_new_tokens=NEW, eos=False).token_ids
+  for i, (spec, (ref, margins)) in enumerate(zip(outs, plain)):
+    assert len(spec) == NEW
+    ties = [j for j, m in enumerate(margins) if m < NEAR_TIE]
+    upto = ties[0] if ties else NEW
+    _stats["rows"] += 1
+    _stats["near_ties"] += bool(ties)
+    mismatch = [j for j in range(upto) if spec[j] != ref[j]]
+    assert not mismatch, f"prompt {i}: diverged at {mismatch[0]} with plain margin {margins[mismatch[0]]:.2e}"
+
+
+def test_report_near_tie_rate():
+  if _stats["rows"]:
+    print(f"\nnear-tie rows: {_stats['near_ties']}/{_stats['rows']} "
+          f"(rows whose plain path had a top-2 gap < {NEAR_TIE})")
+  assert _stats["near_ties"] <= 0.2 * max(_stats["rows"], 1)
