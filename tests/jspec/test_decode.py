@@ -99,3 +99,11 @@ def test_cli_rejects_empty_prompt_and_unknown_model():
     cli_main(["generate", "  "])
   with pytest.raises(SystemExit, match="unknown model 'nope'"):
     cli_main(["generate", "hello", "--model", "nope"])
+
+
+def test_top2_gap_matches_sort():
+  from jspec.decode import top2_gap
+  logits = np.random.default_rng(0).normal(size=(6, 300)).astype(np.float32)
+  logits[2, 7] = logits[2, 9] = 50.0                       # an exact tie has gap 0
+  s = np.sort(logits, axis=-1)
+  np.testing.assert_array_equal(np.asarray(top2_gap(jax.numpy.asarray(logits))), s[:, -1] - s[:, -2])
