@@ -139,6 +139,23 @@ def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: 
   return tokens, np.asarray(lens, np.int32)
 
 
+def validate_request(prompts, max_new_tokens, config):
+  """Checks prompts and per-row limits against the model; returns (padded tokens, lengths,
+  max_new [B]). Everything a user can get wrong fails here, before any compilation."""
+  tokens, lens = pad_prompts(prompts, config.max_position, config.vocab_size)
+  b = len(prompts)
+  max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
+      if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
+  if max_new.shape != (b,) or np.any(max_new < 1):
+    raise ValueError(f"max_new_tokens must be >= 1 per row (one value or {b}), got {max_new_tokens}")
+  too_long = np.nonzero(lens + max_new > config.max_position)[0]
+  if len(too_long):
+    i = int(too_long[0])
+    raise ValueError(f"prompt {i} ({lens[i]} tokens) + max_new_tokens ({max_new[i]}) exceeds the "
+                     f"model's context of {config.max_position}")
+  return tokens, lens, max_new
+
+
 def row_keys(seed: int | Sequence[int], batch_size: int) -> jax.Array:
   """Per-row keys: an int seed gives row b the key fold_in(seed, b); a list gives one seed per row."""
   if np.ndim(seed) == 0:
@@ -162,17 +179,8 @@ class Decoder:
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 128,
                temperature=0.0, top_k=0, top_p=1.0, seed: int | Sequence[int] = 0,
                eos: bool = True) -> DecodeOutput:
-    tokens, lens = pad_prompts(prompts, self.config.max_position, self.config.vocab_size)
+    tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config)
     b = len(prompts)
-    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
-        if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
-    if max_new.shape != (b,) or np.any(max_new < 1):
-      raise ValueError(f"max_new_tokens must be >= 1 per row (one value or {b}), got {max_new_tokens}")
-    too_long = np.nonzero(lens + max_new > self.config.max_position)[0]
-    if len(too_long):
-      i = int(too_long[0])
-      raise ValueError(f"prompt {i} ({lens[i]} tokens) + max_new_tokens ({max_new[i]}) exceeds the "
-                       f"model's context of {self.config.max_position}")
     params = SamplingParams.make(b, temperature, top_k, top_p)
     buffer_len = int(max_new.max())
     cache = KVCache.init(self.config, b, tokens.shape[1] + buffer_len, dtype=self.weights_dtype)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jspec import engine
 from jspec.config import SpeculativeConfig
-from jspec.decode import bucket, pad_prompts, row_keys
+from jspec.decode import DecodeOutput, row_keys, validate_request
 from jspec.drafters.draft_model import DraftModelDrafter, layer_skip_model
 from jspec.drafters.ngram import NgramDrafter
 from jspec.sampling import SamplingParams
@@ -21,25 +21,12 @@ from models.llama import Llama
 
 
 @dataclasses.dataclass
-class SpecOutput:
-  token_ids: list[list[int]]
-  finish_reason: list[str]
-  prefill_s: float
-  decode_s: float
-  compile_s: float
-  rounds: int                      # verify passes, summed over rows
-  drafted: int
-  accepted: int
-  emitted: int                     # tokens committed by rounds (excludes each row's first token)
-  per_position_acceptance: list[float]
-
-  @property
-  def num_tokens(self) -> int:
-    return sum(len(t) for t in self.token_ids)
-
-  @property
-  def tokens_per_s(self) -> float:
-    return self.num_tokens / max(self.prefill_s + self.decode_s, 1e-9)
+class SpecOutput(DecodeOutput):
+  rounds: int = 0                  # verify passes, summed over rows
+  drafted: int = 0
+  accepted: int = 0
+  emitted: int = 0                 # tokens committed by rounds (excludes each row's first token)
+  per_position_acceptance: list[float] = dataclasses.field(default_factory=list)
 
   @property
   def acceptance_length(self) -> float:
@@ -92,17 +79,8 @@ class SpecDecoder:
     return self.drafter.num_draft
 
   def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len):
-    tokens, lens = pad_prompts(prompts, self.config.max_position, self.config.vocab_size)
+    tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config)
     b = len(prompts)
-    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
-        if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
-    if max_new.shape != (b,) or np.any(max_new < 1):
-      raise ValueError(f"max_new_tokens must be >= 1 per row (one value or {b}), got {max_new_tokens}")
-    too_long = np.nonzero(lens + max_new > self.config.max_position)[0]
-    if len(too_long):
-      i = int(too_long[0])
-      raise ValueError(f"prompt {i} ({lens[i]} tokens) + max_new_tokens ({max_new[i]}) exceeds the "
-                       f"model's context of {self.config.max_position}")
     d = self.num_draft
     if max_len is None:
       max_len = tokens.shape[1] + int(max_new.max()) + d + 1

@@ -99,6 +99,10 @@ def test_cli_rejects_empty_prompt_and_unknown_model():
     cli_main(["generate", "  "])
   with pytest.raises(SystemExit, match="unknown model 'nope'"):
     cli_main(["generate", "hello", "--model", "nope"])
+  with pytest.raises(SystemExit, match="num_speculative_tokens must be an integer"):
+    cli_main(["generate", "hello", "--drafter", "ngram", "--num-draft", "-1"])
+  with pytest.raises(SystemExit, match=r"top_p must be in \(0, 1\]"):
+    cli_main(["generate", "hello", "--top-p", "2"])
 
 
 def test_top2_gap_matches_sort():
