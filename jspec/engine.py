@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters.base import Context, Draft
-from jspec.rejection import verify_chain
-from jspec.sampling import SamplingParams, process_logits, sample
+from jspec.rejection import verify
+from jspec.sampling import SamplingParams, sample
 from models.kv_cache import KVCache
 
 RUNNING, STOP_EOS, STOP_LENGTH, STOP_CACHE_FULL = 0, 1, 2, 3
@@ -124,11 +124,11 @@ def round_step(model, drafter, drafter_params, state: SpecState, params: Samplin
   # 2. verify: [last committed, d_1..d_D] at slots length-1 .. length-1+D
   last = state.tokens[rows, state.length - 1]
   block = jnp.concatenate([last[:, None], draft.tokens], axis=1)                 # [B, D+1]
-  out = model(block, state.cache, taps=drafter.target_taps)
-  p = jnp.exp(process_logits(out.logits, params))                                # [B, D+1, V]
+  out = model(block, state.cache, taps=drafter.target_taps)                       # [B, D+1, V]
 
-  # 3. accept
-  n_acc, new = verify_chain(_step_keys(state.keys, step, 2), p, draft.tokens, draft.q, draft_len)
+  # 3. accept: rejection sampling against the same processed p plain sampling uses
+  n_acc, new = verify(_step_keys(state.keys, step, 2), out.logits, params, draft.tokens, draft.q,
+                      draft_len)
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
   j = jnp.arange(d + 1)[None, :]

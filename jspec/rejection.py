@@ -13,6 +13,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jspec.sampling import SamplingParams, process_logits
+
 
 def acceptance_probability(p_d: jax.Array, q_d: jax.Array | None) -> jax.Array:
   """min(1, p(d) / q(d)); a draft token with q(d) = 0 (never sampled) is rejected."""
@@ -68,3 +70,29 @@ def verify_chain(keys: jax.Array, p: jax.Array, draft: jax.Array, q: jax.Array |
   last = jnp.argmax(jnp.log(final[rows, n_acc]) + gumbel, axis=-1).astype(jnp.int32)
   tokens = jnp.concatenate([draft, jnp.zeros((b, 1), draft.dtype)], axis=1)
   return n_acc, tokens.at[rows, n_acc].set(last)
+
+
+def verify_chain_greedy(logits: jax.Array, draft: jax.Array, draft_len: jax.Array | None = None):
+  """`verify_chain` for a batch whose rows are all greedy (p one-hot at the argmax): accept while
+  the draft equals the target's argmax, then emit the argmax. Same outputs, no exp, no noise."""
+  b, d = draft.shape
+  target = jnp.argmax(logits, axis=-1).astype(jnp.int32)                                  # [B, D+1]
+  ok = draft == target[:, :d]
+  if draft_len is not None:
+    ok &= jnp.arange(d)[None, :] < draft_len[:, None]
+  n_acc = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+  rows = jnp.arange(b)
+  tokens = jnp.concatenate([draft, jnp.zeros((b, 1), draft.dtype)], axis=1)
+  return n_acc, tokens.at[rows, n_acc].set(target[rows, n_acc])
+
+
+def verify(keys: jax.Array, logits: jax.Array, params: SamplingParams, draft: jax.Array,
+           q: jax.Array | None, draft_len: jax.Array | None = None):
+  """Raw target logits [B, D+1, V] -> (n_accepted, tokens), taking the cheap exact path when every
+  row is greedy (the exp over [B, D+1, V] and the noise cost several ms a round on XLA:CPU)."""
+  def general(_):
+    p = jnp.exp(process_logits(logits, params))
+    return verify_chain(keys, p, draft, q, draft_len)
+
+  return jax.lax.cond(jnp.all(params.greedy),
+                      lambda _: verify_chain_greedy(logits, draft, draft_len), general, None)

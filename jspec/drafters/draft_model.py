@@ -55,12 +55,19 @@ class DraftModelDrafter:
                 logit_indices=jnp.ones((b, 1), jnp.int32))
 
     def pick(logits, i):   # [B, V] -> token [B], q [B, V]
+      best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
       if not self.sample:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-      logp = process_logits(logits, ctx.params)
-      ks = jax.vmap(jax.random.fold_in, (0, None))(key, i)
-      g = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(ks)
-      return jnp.argmax(logp + g, axis=-1).astype(jnp.int32), jnp.exp(logp)
+        return best, None
+
+      def draw(_):
+        logp = process_logits(logits, ctx.params)
+        ks = jax.vmap(jax.random.fold_in, (0, None))(key, i)
+        g = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(ks)
+        return jnp.argmax(logp + g, axis=-1).astype(jnp.int32), jnp.exp(logp)
+
+      # All rows greedy: q is one-hot at the argmax; skip the processing and the noise.
+      onehot = lambda _: (best, jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.float32))
+      return jax.lax.cond(jnp.all(ctx.params.greedy), onehot, draw, None)
 
     tok, q0 = pick(out.logits[:, 0], 0)
 

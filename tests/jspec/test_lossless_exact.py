@@ -128,3 +128,25 @@ def test_verifying_a_sampled_draft_as_one_hot_loses_acceptance():
   a_recorded, _ = chain_outcomes(p, jnp.asarray([[0]]), q)
   a_onehot, _ = chain_outcomes(p, jnp.asarray([[0]]), None)
   assert float(a_recorded[0, 0]) == 1.0 and float(a_onehot[0, 0]) == 0.5
+
+
+def test_greedy_fast_path_equals_general_verification():
+  """`verify` takes `verify_chain_greedy` for all-greedy batches; it must equal `verify_chain`."""
+  from jspec.rejection import verify_chain, verify_chain_greedy
+  rng = np.random.default_rng(3)
+  b, d, v = 64, 4, 7
+  logits = jnp.asarray(rng.normal(size=(b, d + 1, v)), jnp.float32)
+  target = np.asarray(jnp.argmax(logits, -1))
+  draft = np.where(rng.random((b, d)) < 0.7, target[:, :d], rng.integers(0, v, (b, d)))
+  draft_len = jnp.asarray(rng.integers(0, d + 1, b), jnp.int32)
+  params = SamplingParams.make(b)
+  p = jnp.exp(process_logits(logits, params))
+  keys = jax.random.split(jax.random.key(0), b)
+  for q in (None, jax.nn.one_hot(jnp.asarray(draft), v)):
+    n1, t1 = verify_chain(keys, p, jnp.asarray(draft, jnp.int32), q, draft_len)
+    n2, t2 = verify_chain_greedy(logits, jnp.asarray(draft, jnp.int32), draft_len)
+    np.testing.assert_array_equal(np.asarray(n1), np.asarray(n2))
+    for r in range(b):
+      k = int(n1[r])
+      assert np.asarray(t1[r, :k + 1]).tolist() == np.asarray(t2[r, :k + 1]).tolist()
+  assert 0 < int(n2.sum()) < b * d        # both acceptance and rejection occurred
