@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters.base import Context, Draft
+from jspec.drafters.base import Context
 from jspec.rejection import verify
 from jspec.sampling import SamplingParams, sample
 from models.kv_cache import KVCache

@@ -8,7 +8,6 @@ length, per-position acceptance, and whether greedy outputs were identical to pl
 from __future__ import annotations
 
 import statistics
-import time
 
 from jspec.config import SpeculativeConfig
 from jspec.decode import Decoder

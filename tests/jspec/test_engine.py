@@ -1,13 +1,12 @@
 """The speculative engine on a tiny random model: no recompilation, exact stops, cache-full rows,
 streaming, the n-gram drafter against a plain-Python reference, and configuration errors."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles, engine
+from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles
 from jspec.drafters.base import Context
 from jspec.drafters.ngram import NgramDrafter
 from jspec.sampling import SamplingParams

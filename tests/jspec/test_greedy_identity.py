@@ -6,7 +6,6 @@ own top-2 logit gap is below 1e-4 either token is correct: rows are compared up 
 near-tie, and the near-tie rate is reported. Any divergence without a near-tie fails.
 """
 
-import numpy as np
 import pytest
 
 from jspec import Decoder, SpecDecoder

@@ -1,7 +1,6 @@
 """KV-cache consistency (one prefill == prefix + multi-token extends + single steps, ragged rows),
 tree masks and hidden-state taps, on a tiny random model against the model's own one-shot forward."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

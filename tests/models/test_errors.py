@@ -3,7 +3,6 @@
 import hashlib
 import json
 import os
-import shutil
 import zipfile
 
 import numpy as np

@@ -7,7 +7,6 @@ import pytest
 import torch
 import transformers
 
-import models
 from models import KVCache
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=112, num_hidden_layers=3,
