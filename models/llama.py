@@ -16,6 +16,7 @@ from flax import nnx
 
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
+from pallas_kernels.verify_attention import IMPLS, attention_mask, choose_impl, verify_attention
 
 
 class RMSNorm(nnx.Module):
@@ -42,36 +43,9 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return out.astype(x.dtype)
 
 
-def attention_mask(lengths: jax.Array, t: int, s: int, tree_mask: jax.Array | None) -> jax.Array:
-  """[B, T, S] bool: each new token sees the committed prefix and, among the new tokens, itself,
-  its predecessors (causal) or the nodes `tree_mask[b, t, u]` allows."""
-  key = jnp.arange(s)[None, None, :]                       # [1, 1, S]
-  start = lengths[:, None, None]                           # [B, 1, 1]
-  offset = key - start                                     # index into the new block
-  if tree_mask is None:
-    inside = offset <= jnp.arange(t)[None, :, None]
-  else:
-    idx = jnp.clip(offset, 0, t - 1)                       # [B, 1, S]
-    inside = jnp.take_along_axis(tree_mask, jnp.broadcast_to(idx, (lengths.shape[0], t, s)), axis=2)
-  return (key < start) | ((offset >= 0) & (offset < t) & inside)
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """GQA attention. q [B, T, Hq, Dh], k/v [B, S, KVH, Dh], mask [B, T, S] -> [B, T, Hq, Dh]."""
-  b, t, hq, dh = q.shape
-  kvh = k.shape[2]
-  qg = q.reshape(b, t, kvh, hq // kvh, dh)                                  # [B, T, KVH, G, Dh]
-  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
-  scores = scores * (dh ** -0.5)
-  scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)                   # [B, KVH, G, T, S]
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-  return out.reshape(b, t, hq, dh)
-
-
 class Attention(nnx.Module):
 
-  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs):
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
     h, dh = cfg.hidden_size, cfg.head_dim
     lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, param_dtype=dtype, dtype=dtype,
                                         rngs=rngs)
@@ -83,8 +57,11 @@ class Attention(nnx.Module):
       self.q_norm = RMSNorm(dh, cfg.rms_eps, dtype=dtype)
       self.k_norm = RMSNorm(dh, cfg.rms_eps, dtype=dtype)
     self.cfg = cfg
+    self.attention_impl = attention_impl
 
-  def __call__(self, x, positions, cache: KVCache, layer: int, mask):
+  def __call__(self, x, positions, cache: KVCache, layer: int, mask, tree_mask=None):
+    """mask: [B, T, S] `attention_mask` for the reference path (None: the api builds it); the
+    kernel path reads cache.lengths and tree_mask [B, T, T] instead."""
     cfg = self.cfg
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)          # [B, T, Hq, Dh]
@@ -95,7 +72,8 @@ class Attention(nnx.Module):
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
     cache = cache.write(layer, k, v)
-    out = attend(q, cache.k[layer], cache.v[layer], mask)                  # [B, T, Hq, Dh]
+    out = verify_attention(q, cache.k[layer], cache.v[layer], cache.lengths, tree_mask,
+                           impl=self.attention_impl, mask=mask)             # [B, T, Hq, Dh]
     return self.o_proj(out.reshape(b, t, -1)), cache
 
 
@@ -113,14 +91,14 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
 
-  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs):
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
     self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
-    self.attn = Attention(cfg, dtype=dtype, rngs=rngs)
+    self.attn = Attention(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl)
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
     self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x, positions, cache, layer, mask):
-    a, cache = self.attn(self.input_norm(x), positions, cache, layer, mask)
+  def __call__(self, x, positions, cache, layer, mask, tree_mask=None):
+    a, cache = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask)
     x = x + a
     return x + self.mlp(self.post_attn_norm(x)), cache
 
@@ -136,14 +114,22 @@ class ForwardOutput:
 class Llama(nnx.Module):
   """Decoder-only LM. Hidden-state tap convention: tap i is the residual stream *entering* layer i
   (EAGLE-3, vLLM); tap i therefore equals the *output* of layer i-1 (DFlash's convention is tap i+1),
-  and tap L is the last layer's output before the final norm."""
+  and tap L is the last layer's output before the final norm.
 
-  def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+  attention_impl: "auto" (Pallas kernel on GPU, jnp reference elsewhere), "pallas" or "reference";
+  static, see `pallas_kernels.verify_attention`."""
+
+  def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None,
+               attention_impl: str = "auto"):
+    if attention_impl not in IMPLS:
+      raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self.config = cfg
+    self.attention_impl = attention_impl
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=dtype, dtype=dtype,
                            rngs=rngs)
-    self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl)
+                            for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
@@ -165,13 +151,15 @@ class Llama(nnx.Module):
         raise ValueError(f"tap {tap} out of range [0, {self.config.num_layers}]")
     if positions is None:
       positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)      # [B, T, S]
+    # The reference path shares one [B, T, S] mask across layers; the kernel builds its own.
+    impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.k[0].dtype)
+    mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask) if impl == "reference" else None
     x = self.embed(tokens)                                                  # [B, T, H]
     hidden = {}
     for i, block in enumerate(self.layers):
       if i in taps:
         hidden[i] = x
-      x, cache = block(x, positions, cache, i, mask)
+      x, cache = block(x, positions, cache, i, mask, tree_mask)
     if self.config.num_layers in taps:
       hidden[self.config.num_layers] = x
     if logit_indices is not None:

@@ -1,0 +1,50 @@
+"""Verification attention in plain jnp: the oracle for the kernels and the CPU/TPU implementation.
+
+The same math as the model's attention (GQA grouping, fp32 scores, probabilities cast to v.dtype).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_mask(lengths: jax.Array, t: int, s: int, tree_mask: jax.Array | None) -> jax.Array:
+  """[B, T, S] bool: each new token sees the committed prefix and, among the new tokens, itself,
+  its predecessors (causal) or the nodes `tree_mask[b, t, u]` allows."""
+  key = jnp.arange(s)[None, None, :]                       # [1, 1, S]
+  start = lengths[:, None, None]                           # [B, 1, 1]
+  offset = key - start                                     # index into the new block
+  if tree_mask is None:
+    inside = offset <= jnp.arange(t)[None, :, None]
+  else:
+    idx = jnp.clip(offset, 0, t - 1)                       # [B, 1, S]
+    inside = jnp.take_along_axis(tree_mask, jnp.broadcast_to(idx, (lengths.shape[0], t, s)), axis=2)
+  return (key < start) | ((offset >= 0) & (offset < t) & inside)
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+  """GQA attention. q [B, T, Hq, Dh], k/v [B, S, KVH, Dh], mask [B, T, S] -> [B, T, Hq, Dh]."""
+  b, t, hq, dh = q.shape
+  kvh = k.shape[2]
+  qg = q.reshape(b, t, kvh, hq // kvh, dh)                                  # [B, T, KVH, G, Dh]
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  scores = scores * (dh ** -0.5)
+  scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)                   # [B, KVH, G, T, S]
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+  return out.reshape(b, t, hq, dh)
+
+
+def verify_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Array,
+                               tree_mask: jax.Array | None = None, *,
+                               mask: jax.Array | None = None) -> jax.Array:
+  """q [B, T, Hq, Dh] for the T new tokens, whose keys/values k/v [B, S, KVH, Dh] already hold at
+  slots lengths[b] .. lengths[b]+T-1; tree_mask [B, T, T] (None = causal) -> [B, T, Hq, Dh].
+
+  mask: the [B, T, S] `attention_mask` if the caller already built it (a forward shares one across
+  its layers); it must agree with lengths and tree_mask.
+  """
+  if mask is None:
+    mask = attention_mask(lengths, q.shape[1], k.shape[1], tree_mask)
+  return attend(q, k, v, mask)
