@@ -1,0 +1,162 @@
+"""Grouped GEMM: the Pallas kernel (interpret mode) against lax.ragged_dot, forward and gradients;
+the group-visit metadata, the tgmm oracle, the GPU tiling checks, api validation and the quick bench."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels.moe_gemm import api, bench, kernel, reference
+
+TILE16 = kernel.Tiling(16, 16, 16, num_warps=4, num_stages=2)
+K, N = 24, 40   # neither a multiple of the 16-wide blocks: exercises the K/N padding
+
+# (group sizes, M): zero-size groups, one group holding every row, padding rows past the total,
+# M not a multiple of block_m, all groups empty, and an exactly tiled case.
+PATTERNS = {
+    "mixed_with_empty": ([5, 0, 17, 3, 0], 37),
+    "one_group": ([0, 0, 37, 0, 0], 37),
+    "heavy_padding": ([0, 9, 0, 1, 0], 37),
+    "all_empty": ([0, 0, 0, 0, 0], 37),
+    "straddle_many": ([1, 2, 3, 4, 20], 37),
+    "tile_aligned": ([16, 16, 0, 0, 0], 32),
+}
+
+
+def _problem(sizes, m, dtype=jnp.float32, seed=0):
+  rng = np.random.default_rng(seed)
+  lhs = jnp.asarray(rng.standard_normal((m, K)), dtype)
+  rhs = jnp.asarray(rng.standard_normal((len(sizes), K, N)), dtype)
+  return lhs, rhs, jnp.asarray(sizes, jnp.int32)
+
+
+@pytest.mark.parametrize("sizes,m", [([5, 0, 17, 3, 0], 37), ([0, 0, 0, 0], 64), ([64, 0, 0], 64),
+                                     ([3, 13, 1, 0, 30, 2], 100)])
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_visit_metadata_covers_every_row_once(sizes, m, block_m):
+  mp = m + (-m % block_m)
+  metadata = jax.jit(kernel.visit_metadata, static_argnums=(1, 2, 3))
+  group, tile, lo, hi = np.asarray(metadata(jnp.asarray(sizes, jnp.int32), m, mp, block_m))
+  e = len(sizes)
+  assert group.shape == (mp // block_m + e,)
+  owner = np.full(mp, -1)
+  for g, t, a, b in zip(group, tile, lo, hi):
+    if g > e:                              # idle step
+      assert a == b
+      continue
+    assert t * block_m <= a < b <= (t + 1) * block_m
+    assert np.all(owner[a:b] == -1)
+    owner[a:b] = g
+  expected = np.repeat(np.arange(e + 1), np.append(sizes, mp - sum(sizes)))   # padding owned by E
+  np.testing.assert_array_equal(owner, expected)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_forward_fp32_matches_ragged_dot(name):
+  lhs, rhs, gs = _problem(*PATTERNS[name])
+  out = api.gmm(lhs, rhs, gs, impl="pallas", tiling=TILE16)
+  ref = reference.gmm_reference(lhs, rhs, gs)
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(out[sum(PATTERNS[name][0]):], 0.0)   # padding rows exactly zero
+
+
+@pytest.mark.parametrize("name", ["mixed_with_empty", "straddle_many"])
+def test_forward_bf16_within_one_rounding(name):
+  """bf16 in, fp32 accumulation, one rounding to bf16: within 2^-8 relative of an fp32 product."""
+  lhs, rhs, gs = _problem(*PATTERNS[name], dtype=jnp.bfloat16)
+  out = api.gmm(lhs, rhs, gs, impl="pallas", tiling=TILE16)
+  assert out.dtype == jnp.bfloat16
+  ref = reference.gmm_reference(lhs, rhs, gs, preferred_element_type=jnp.float32)
+  np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2 ** -8, atol=1e-5)
+
+
+def test_default_tiling_one_tile_many_groups():
+  """No tiling given: the shape-fitted default (block_m=64) puts all rows in one tile, 3 visits."""
+  lhs, rhs, gs = _problem([20, 0, 30, 4, 0], 61)
+  out = api.gmm(lhs, rhs, gs, impl="pallas")
+  np.testing.assert_allclose(out, reference.gmm_reference(lhs, rhs, gs), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["mixed_with_empty", "one_group"])
+def test_gradients_match_ragged_dot(name):
+  lhs, rhs, gs = _problem(*PATTERNS[name])
+  cot = jnp.asarray(np.random.default_rng(1).standard_normal((lhs.shape[0], N)), jnp.float32)
+  loss = lambda matmul: lambda a, b: jnp.vdot(matmul(a, b, gs), cot)
+  pallas = lambda a, b, g: api.gmm(a, b, g, impl="pallas", tiling=TILE16)
+  d_lhs, d_rhs = jax.grad(loss(pallas), argnums=(0, 1))(lhs, rhs)
+  r_lhs, r_rhs = jax.grad(loss(reference.gmm_reference), argnums=(0, 1))(lhs, rhs)
+  np.testing.assert_allclose(d_lhs, r_lhs, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(d_rhs, r_rhs, rtol=1e-5, atol=1e-5)
+
+
+def test_tgmm_reference_is_the_ragged_dot_weight_gradient():
+  lhs, rhs, gs = _problem(*PATTERNS["mixed_with_empty"])
+  grad = jnp.asarray(np.random.default_rng(2).standard_normal((lhs.shape[0], N)), jnp.float32)
+  _, vjp = jax.vjp(lambda w: reference.gmm_reference(lhs, w, gs), rhs)
+  np.testing.assert_allclose(reference.tgmm_reference(lhs, grad, gs), vjp(grad)[0],
+                             rtol=1e-5, atol=1e-5)
+
+
+def test_tgmm_kernel_matches_reference():
+  lhs, _, gs = _problem(*PATTERNS["heavy_padding"])
+  grad = jnp.asarray(np.random.default_rng(3).standard_normal((lhs.shape[0], N)), jnp.float32)
+  out = kernel.tgmm(lhs, grad, gs, tiling=TILE16, interpret=True)
+  assert out.shape == (len(gs), K, N)
+  np.testing.assert_allclose(out, reference.tgmm_reference(lhs, grad, gs), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(out[np.asarray(gs) == 0], 0.0)
+
+
+@pytest.mark.parametrize("tiling,dtype,match", [
+    (kernel.Tiling(24, 16, 16), jnp.float32, "block_m=24.*powers of two"),
+    (kernel.Tiling(16, 8, 16), jnp.float32, "block_n=8.*>= 16"),
+    (kernel.Tiling(16, 16, 16, num_warps=3), jnp.float32, "num_warps=3"),
+    (kernel.Tiling(16, 16, 16, num_stages=0), jnp.float32, "num_stages=0"),
+    (kernel.Tiling(256, 256, 128, num_stages=2), jnp.bfloat16, "KiB of shared memory"),
+])
+def test_kernel_rejects_tilings_the_gpu_cannot_run(tiling, dtype, match):
+  lhs, rhs, gs = _problem(*PATTERNS["one_group"], dtype=dtype)
+  with pytest.raises(ValueError, match=match):
+    kernel.gmm(lhs, rhs, gs, tiling=tiling, interpret=True)
+
+
+def test_shared_memory_budget_boundary():
+  # 128x128x64 bf16 tiles: 32 KiB per stage; 7 stages fit in 227 KiB, 8 do not.
+  kernel.Tiling(128, 128, 64, num_stages=7).check(2, 128 * 64 + 64 * 128)
+  with pytest.raises(ValueError, match="256 KiB"):
+    kernel.Tiling(128, 128, 64, num_stages=8).check(2, 128 * 64 + 64 * 128)
+
+
+def test_api_validation_errors():
+  lhs, rhs, gs = _problem(*PATTERNS["one_group"])
+  cases = [
+      ((lhs[None], rhs, gs), {}, "lhs must be \\[M, K\\]"),
+      ((lhs, rhs[0], gs), {}, "rhs must be \\[E, K, N\\]"),
+      ((lhs[:, :-1], rhs, gs), {}, "contraction mismatch"),
+      ((lhs, rhs, gs[:-1]), {}, "group_sizes must be \\[E\\] = \\[5\\]"),
+      ((lhs, rhs, gs.astype(jnp.float32)), {}, "must be integers"),
+      ((lhs, rhs, gs), {"impl": "triton"}, "choose one of"),
+      ((lhs, rhs.astype(jnp.bfloat16), gs), {"impl": "pallas"}, "share one dtype"),
+  ]
+  if jax.default_backend() != "gpu":
+    cases.append(((lhs, rhs, gs), {"impl": "pallas", "interpret": False}, "needs a GPU backend"))
+  for args, kwargs, match in cases:
+    with pytest.raises(ValueError, match=match):
+      api.gmm(*args, **kwargs)
+
+
+def test_auto_picks_kernel_only_on_gpu():
+  assert api.resolve_impl("auto") == ("pallas" if jax.default_backend() == "gpu" else "reference")
+  assert api.resolve_impl("reference") == "reference"
+
+
+def test_quick_bench_runs_and_agrees():
+  records = bench.run(quick=True)
+  assert [r["kind"] for r in records] == ["fwd", "fwd_bwd"]
+  for r in records:
+    assert "error" not in r, r
+    assert r["interpret"] == (jax.default_backend() != "gpu")
+    assert r["kernel_ms"] > 0 and r["ragged_dot_ms"] > 0
+    assert r["max_rel_err"] < (1e-5 if r["dtype"] == "float32" else 1e-2)
+    assert r["speedup_vs_ragged_dot"] == pytest.approx(r["ragged_dot_ms"] / r["kernel_ms"])
