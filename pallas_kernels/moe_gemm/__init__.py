@@ -1,8 +1,9 @@
-"""MoE grouped GEMM: `gmm` (Pallas kernel with custom VJP, or lax.ragged_dot) and an expert-parallel
-MoE layer over `shard_map` + `all_to_all` (`moe_ep`) beside its unsharded reference (`moe_reference`).
+"""MoE grouped GEMM: `gmm` (Pallas kernel with a custom VJP, or lax.ragged_dot) and an
+expert-parallel MoE layer over shard_map + all_to_all (`moe_ep`) beside its reference.
 """
 
 from pallas_kernels.moe_gemm.api import gmm
-from pallas_kernels.moe_gemm.ep import MoEParams, expert_mesh, init_moe_params, moe_ep, moe_reference
+from pallas_kernels.moe_gemm.ep import (MoEParams, expert_mesh, init_moe_params, moe_ep,
+                                        moe_reference)
 from pallas_kernels.moe_gemm.kernel import Tiling, tgmm
 from pallas_kernels.moe_gemm.reference import gmm_reference, tgmm_reference

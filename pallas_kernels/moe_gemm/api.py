@@ -44,8 +44,8 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, impl: str = "
 
   Row r of group g (rows sum(sizes[:g]) .. sum(sizes[:g+1]) - 1) gets lhs[r] @ rhs[g]; rows past
   sum(group_sizes) (which must be <= M) are padding and come out zero. Differentiable in lhs, rhs.
-  impl: "pallas" (the Triton-style kernel; interpret mode off-GPU unless `interpret` says otherwise),
-  "reference" (lax.ragged_dot), or "auto". tiling: kernel blocks (pallas only; default by shape).
+  impl: "pallas" (the Triton-style kernel; interpret mode off-GPU unless `interpret` says
+  otherwise), "reference" (lax.ragged_dot), or "auto". tiling: kernel blocks (pallas only).
   """
   _validate(lhs, rhs, group_sizes)
   impl = resolve_impl(impl)

@@ -1,7 +1,5 @@
-"""Grouped GEMM timing: the Pallas kernel vs `lax.ragged_dot`, forward and forward+backward.
-
-Meant for a GPU (bf16); quick=True runs tiny fp32 shapes, in interpret mode off-GPU. `run` returns
-JSON-ready records; `pallas_kernels/bench.py` files them under "gmm".
+"""Grouped GEMM timing, Pallas kernel vs lax.ragged_dot, on GPU in bf16 (quick=True: tiny shapes,
+interpret mode off-GPU). `run` returns records that pallas_kernels/bench.py files under "gmm".
 """
 
 from __future__ import annotations
@@ -92,7 +90,8 @@ def run(quick: bool = False) -> list[dict]:
       cot = jnp.asarray(np.random.default_rng(1).standard_normal((m, n), np.float32), dtype)
 
       def fwd_bwd(matmul):
-        loss = lambda a, b, g: jnp.vdot(matmul(a, b, g).astype(jnp.float32), cot.astype(jnp.float32))
+        loss = lambda a, b, g: jnp.vdot(matmul(a, b, g).astype(jnp.float32),
+                                        cot.astype(jnp.float32))
         return jax.jit(jax.grad(loss, argnums=(0, 1)))
       kernel_grad = fwd_bwd(lambda a, b, g: kernel.gmm(a, b, g, tiling=tilings[0],
                                                        interpret=interpret))

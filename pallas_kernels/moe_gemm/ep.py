@@ -1,15 +1,5 @@
-"""Mixture-of-experts layer (top-k softmax router + SwiGLU experts on the grouped GEMM): an unsharded
-reference and an expert-parallel version over `shard_map` with fixed-capacity `all_to_all` dispatch.
-
-Capacity policy of `moe_ep`. Tokens are sharded over the mesh axis with the experts; each shard sends
-every expert at most C token copies, C = min(T_local, ceil(capacity_factor * T_local * top_k / E)), or
-C = T_local when capacity_factor is None (a token picks an expert at most once, so nothing can drop).
-Slots are filled in priority order: every token's first choice (in token order), then every second
-choice, and so on. An assignment past its expert's C slots is dropped: it contributes zero expert
-output and the token's other gate weights are left as they are (not renormalised), so a token whose
-assignments all drop gets zero from the layer and passes on through the residual connection around it.
-Buffers are static ([E, C, D] per shard) because `ragged_all_to_all` does not run on XLA:CPU; the
-received rows are compacted by expert before the grouped GEMM so empty slots cost no expert FLOPs.
+"""Mixture-of-experts layer (top-k softmax router, SwiGLU experts on the grouped GEMM): unsharded
+reference and an expert-parallel version over shard_map with fixed-capacity all_to_all dispatch.
 """
 
 from __future__ import annotations
@@ -83,7 +73,7 @@ def moe_reference(params: MoEParams, x: jax.Array, *, top_k: int, keep: jax.Arra
 
 def expert_capacity(tokens_per_shard: int, top_k: int, num_experts: int,
                     capacity_factor: float | None) -> int:
-  """Slots per (source shard, expert); see the module docstring."""
+  """Slots per (source shard, expert); the policy is in `moe_ep`'s docstring."""
   if capacity_factor is None:
     return tokens_per_shard
   if capacity_factor <= 0:
@@ -94,8 +84,8 @@ def expert_capacity(tokens_per_shard: int, top_k: int, num_experts: int,
 
 def capacity_slots(experts: jax.Array, num_experts: int,
                    capacity: int) -> tuple[jax.Array, jax.Array]:
-  """experts [T, k] -> (slot [T, k], keep [T, k]): slot index in the expert's buffer, filled in
-  choice-major order (all first choices by token, then second choices, ...); keep = slot < capacity."""
+  """experts [T, k] -> (slot [T, k], keep [T, k]): slot in the expert's buffer, filled in
+  choice-major order (all first choices by token, then second choices, ...); keep: slot < C."""
   onehot = jax.nn.one_hot(experts.T, num_experts, dtype=jnp.int32)               # [k, T, E]
   k, t, _ = onehot.shape
   flat = onehot.reshape(k * t, num_experts)
@@ -113,7 +103,8 @@ def _ep_shard(params: MoEParams, x: jax.Array, *, top_k: int, capacity: int, axi
   c = capacity
   experts, gates = route(params.router, x, top_k)                                # [Tl, k]
   slot, keep = capacity_slots(experts, num_experts, c)
-  dest = jnp.where(keep, experts * c + slot, num_experts * c).reshape(-1)        # [Tl*k]; E*C = drop
+  # Send-buffer row of each assignment, [Tl*k]; E*C (out of range) = dropped.
+  dest = jnp.where(keep, experts * c + slot, num_experts * c).reshape(-1)
   send = jnp.zeros((num_experts * c, d), x.dtype).at[dest].set(
       jnp.repeat(x, top_k, axis=0), mode="drop")                                 # [E*C, D]
   counts = jnp.zeros((num_experts,), jnp.int32).at[experts.reshape(-1)].add(
@@ -151,8 +142,17 @@ def moe_ep(params: MoEParams, x: jax.Array, *, mesh: jax.sharding.Mesh, top_k: i
            axis: str = "expert") -> jax.Array:
   """Expert-parallel MoE: x [T, D] -> [T, D], tokens and experts sharded over mesh axis `axis`.
 
-  Equals `moe_reference` when nothing is dropped (capacity_factor None, or large enough); see the
-  module docstring for what a drop does. impl selects the grouped GEMM (see `api.gmm`).
+  Capacity policy. Each shard sends each expert at most C token copies,
+  C = min(T_local, ceil(capacity_factor * T_local * top_k / E)), or C = T_local when
+  capacity_factor is None (a token picks an expert at most once, so nothing can drop). Slots fill
+  in priority order: every token's first choice (in token order), then every second choice, ...
+  An assignment past its expert's C slots is dropped: it contributes zero expert output and the
+  token's other gate weights stay as they are (no renormalisation), so a token whose assignments
+  all drop gets zero from the layer and passes on through the residual connection around it.
+  Without drops the result equals `moe_reference`. Buffers are static ([E, C, D] per shard)
+  because ragged_all_to_all does not run on XLA:CPU; received rows are compacted by expert before
+  the grouped GEMM, so empty slots cost no expert FLOPs. impl: the grouped GEMM (`api.gmm`).
+  Give a mesh with AxisType.Auto axes (`expert_mesh`) or inputs already sharded to match.
   """
   n = mesh.shape[axis]
   t = x.shape[0]

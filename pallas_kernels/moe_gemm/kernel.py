@@ -1,7 +1,5 @@
-"""Grouped GEMM (`gmm`) and its weight-gradient twin (`tgmm`) as Triton-style `pl.pallas_call`s.
-
-Runs on GPU through Pallas' Triton lowering and on CPU with interpret=True; `gmm` carries a custom VJP
-(d lhs = gmm against rhs^T per group, d rhs = tgmm). The wrapper checks the GPU tiling limits itself.
+"""Grouped GEMM (`gmm`, custom VJP) and its weight gradient (`tgmm`) as Triton-style pallas_calls:
+GPU via Pallas' Triton lowering, CPU with interpret=True; the wrappers check the GPU tiling limits.
 """
 
 from __future__ import annotations
@@ -47,7 +45,13 @@ class Tiling:
     smem = self.num_stages * tile_elems * itemsize
     if smem > SMEM_BYTES:
       raise ValueError(f"{self} needs {smem // 1024} KiB of shared memory (num_stages x operand "
-                       f"tiles), over the {SMEM_BYTES // 1024} KiB budget: lower num_stages or a block.")
+                       f"tiles), over the {SMEM_BYTES // 1024} KiB budget: lower num_stages or "
+                       "a block size.")
+
+  def fit_stages(self, itemsize: int, tile_elems: int) -> Tiling:
+    """This tiling with num_stages lowered (to >= 1) until tiles of tile_elems fit in SMEM."""
+    stages = max(1, min(self.num_stages, SMEM_BYTES // (tile_elems * itemsize)))
+    return dataclasses.replace(self, num_stages=stages)
 
 
 def default_tiling(m: int, k: int, n: int) -> Tiling:
@@ -66,7 +70,7 @@ def _pad(x: jax.Array, axis: int, multiple: int) -> jax.Array:
 
 
 def _precision(dtype):
-  # fp32 inputs get true fp32 products (Triton would otherwise use TF32); 16-bit types are exact anyway.
+  # fp32 inputs get true fp32 products (Triton would otherwise use TF32); 16-bit inputs are exact.
   return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else lax.Precision.DEFAULT
 
 
@@ -112,7 +116,8 @@ def visit_metadata(group_sizes: jax.Array, num_rows: int, padded_rows: int,
 
 def _gmm_kernel(meta_ref, lhs_ref, rhs_ref, out_ref, *, num_groups, block_m, block_k, k_tiles,
                 transpose_rhs, precision):
-  # meta_ref [4, V]; lhs_ref [Mp, Kp]; rhs_ref [E, Kp, bn] ([E, bn, Kp] transposed); out_ref [Mp, bn]
+  # meta_ref [4, V]; lhs_ref [Mp, Kp]; rhs_ref [E, Kp, bn] ([E, bn, Kp] if transposed);
+  # out_ref [Mp, bn]
   v = pl.program_id(0)
   group, tile, lo, hi = meta_ref[0, v], meta_ref[1, v], meta_ref[2, v], meta_ref[3, v]
   block_n = out_ref.shape[1]
@@ -182,8 +187,9 @@ def _tgmm_kernel(bounds_ref, lhs_ref, grad_ref, out_ref, *, block_m, precision):
   # bounds_ref [2, E]; lhs_ref [Mp, bk]; grad_ref [Mp, bn]; out_ref [bk, bn] (group squeezed)
   g = pl.program_id(0)
   start, end = bounds_ref[0, g], bounds_ref[1, g]
-  first = start // block_m
-  stop = jnp.where(end > start, (end + block_m - 1) // block_m, first)
+  # lax.div (truncating; the bounds are >= 0) keeps floor_divide's sign fix-ups out of the kernel.
+  first = lax.div(start, block_m)
+  stop = jnp.where(end > start, lax.div(end + block_m - 1, block_m), first)
 
   def step(t, acc):
     row0 = pl.multiple_of(t * block_m, block_m)
@@ -236,7 +242,10 @@ def _gmm_fwd(lhs, rhs, group_sizes, tiling, interpret):
 def _gmm_bwd(tiling, interpret, res, g):
   lhs, rhs, group_sizes = res
   d_lhs = _gmm_call(g, rhs, group_sizes, tiling, interpret, transpose_rhs=True)   # [M, K]
-  d_rhs = _tgmm_call(lhs, g, group_sizes, tiling, interpret)                     # [E, K, N]
+  # tgmm's tiles are [bm, bk] and [bm, bn]: bigger than gmm's when bm > bk, so maybe fewer stages.
+  bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
+  t_tiling = tiling.fit_stages(lhs.dtype.itemsize, bm * bk + bm * bn)
+  d_rhs = _tgmm_call(lhs, g, group_sizes, t_tiling, interpret)                   # [E, K, N]
   return d_lhs, d_rhs, np.zeros(group_sizes.shape, jax.dtypes.float0)
 
 

@@ -1,7 +1,5 @@
-"""Pure-JAX oracles for the grouped GEMM: `gmm` (lax.ragged_dot) and `tgmm` (per-group lhs^T . grad).
-
-Rows are sorted by group: group g owns rows [sum(sizes[:g]), sum(sizes[:g+1])); rows past the total
-are padding (zero output in `gmm`, ignored by `tgmm`). These are the CPU/TPU fallback and the test oracle.
+"""Pure-JAX grouped GEMM (lax.ragged_dot) and its weight gradient (per-group lhs^T . grad): the
+CPU/TPU fallback and the test oracle. Group g owns rows [sum(sizes[:g]), sum(sizes[:g+1])).
 """
 
 from __future__ import annotations
@@ -32,7 +30,8 @@ def tgmm_reference(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array,
   with a one-hot group mask (E times the minimal FLOPs; an oracle, not a fast path).
   """
   num_groups = group_sizes.shape[0]
-  onehot = jax.nn.one_hot(row_groups(group_sizes, lhs.shape[0]), num_groups, dtype=lhs.dtype)  # [M, E]
+  groups = row_groups(group_sizes, lhs.shape[0])                                  # [M]
+  onehot = jax.nn.one_hot(groups, num_groups, dtype=lhs.dtype)                    # [M, E]
   out_dtype = preferred_element_type or jnp.result_type(lhs, grad)
   return jnp.einsum("me,mk,mn->ekn", onehot, lhs, grad, preferred_element_type=jnp.float32,
                     precision=jax.lax.Precision.HIGHEST).astype(out_dtype)

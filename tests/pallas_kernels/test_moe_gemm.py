@@ -1,7 +1,9 @@
 """Grouped GEMM: the Pallas kernel (interpret mode) against lax.ragged_dot, forward and gradients;
-the group-visit metadata, the tgmm oracle, the GPU tiling checks, api validation and the quick bench."""
+the visit metadata, the tgmm oracle, GPU tiling checks, api validation and the quick bench."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -119,6 +121,27 @@ def test_kernel_rejects_tilings_the_gpu_cannot_run(tiling, dtype, match):
   lhs, rhs, gs = _problem(*PATTERNS["one_group"], dtype=dtype)
   with pytest.raises(ValueError, match=match):
     kernel.gmm(lhs, rhs, gs, tiling=tiling, interpret=True)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("tiling", bench.TILINGS, ids=["128x128x64", "128x256x64"])
+def test_forward_and_backward_lower_to_triton_for_sm90(tiling, dtype):
+  """Cross-lowering for cuda builds the Triton IR here (no GPU needed), so it runs the Triton
+  lowering's own checks (power-of-two tiles, supported primitives) on both kernels."""
+  m, k, n, e = 512, 256, 384, 8
+  bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
+  tiling = tiling.fit_stages(jnp.dtype(dtype).itemsize, bm * bk + bk * bn)   # fp32: fewer stages
+
+  def fwd_and_vjp(lhs, rhs, group_sizes, cot):
+    out, vjp = jax.vjp(lambda a, b: kernel.gmm(a, b, group_sizes, tiling=tiling), lhs, rhs)
+    return out, vjp(cot)
+  args = [jax.ShapeDtypeStruct(s, d) for s, d in
+          [((m, k), dtype), ((e, k, n), dtype), ((e,), jnp.int32), ((m, n), dtype)]]
+  allow = [jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")]
+  exported = jax.export.export(jax.jit(fwd_and_vjp), platforms=["cuda"],
+                               disabled_checks=allow)(*args)
+  names = re.findall(r'name = "(jspec_\w+)"', exported.mlir_module())
+  assert sorted(names) == ["jspec_gmm", "jspec_gmm", "jspec_tgmm"]
 
 
 def test_shared_memory_budget_boundary():
