@@ -7,3 +7,6 @@ from pallas_kernels.moe_gemm.ep import (MoEParams, expert_mesh, init_moe_params,
                                         moe_reference)
 from pallas_kernels.moe_gemm.kernel import Tiling, tgmm
 from pallas_kernels.moe_gemm.reference import gmm_reference, tgmm_reference
+
+__all__ = ["MoEParams", "Tiling", "expert_mesh", "gmm", "gmm_reference", "init_moe_params",
+           "moe_ep", "moe_reference", "tgmm", "tgmm_reference"]

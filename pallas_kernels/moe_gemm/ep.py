@@ -24,6 +24,7 @@ class MoEParams(NamedTuple):
 
 def init_moe_params(key: jax.Array, d_model: int, d_ff: int, num_experts: int,
                     dtype=jnp.float32) -> MoEParams:
+  """Gaussian weights scaled by 1/sqrt(fan_in)."""
   k_r, k_g, k_u, k_d = jax.random.split(key, 4)
   normal = lambda k, shape, fan_in: (jax.random.normal(k, shape) / math.sqrt(fan_in)).astype(dtype)
   return MoEParams(router=normal(k_r, (d_model, num_experts), d_model),

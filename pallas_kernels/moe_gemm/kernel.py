@@ -267,5 +267,7 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, tiling: Tilin
 def tgmm(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *, tiling: Tiling | None = None,
          interpret: bool = False) -> jax.Array:
   """lhs [M, K], grad [M, N], group_sizes [E] -> [E, K, N] in lhs.dtype (weight gradient of gmm)."""
-  tiling = tiling or default_tiling(*lhs.shape, grad.shape[1])
+  if tiling is None:
+    tiling = default_tiling(*lhs.shape, grad.shape[1])
+    tiling = tiling.fit_stages(lhs.dtype.itemsize, tiling.block_m * (tiling.block_k + tiling.block_n))
   return _tgmm_call(lhs, grad, group_sizes.astype(jnp.int32), tiling, interpret)
