@@ -56,7 +56,7 @@ class Tiling:
 
 def default_tiling(m: int, k: int, n: int) -> Tiling:
   """128x128x64 tiles, shrunk (to powers of two >= 16) for problems smaller than one tile."""
-  fit = lambda size, cap: int(min(cap, max(16, pl.next_power_of_2(size))))
+  fit = lambda size, cap: min(cap, max(16, 1 << (size - 1).bit_length()))
   return Tiling(block_m=fit(m, 128), block_n=fit(n, 128), block_k=fit(k, 64))
 
 
