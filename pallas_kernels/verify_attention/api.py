@@ -73,8 +73,9 @@ def _check_inputs(q, k, v, lengths, tree_mask, kv_len: int) -> None:
     raise ValueError(f"need T >= 1 new tokens and a KV capacity >= 1, got T={t}, S={kv_len}")
 
 
-def _kernel_options(q, kvh: int, kv_len: int, block_k, block_q, num_splits, num_stages,
-                    interpret):
+def kernel_options(q, kvh: int, kv_len: int, block_k, block_q, num_splits, num_stages,
+                   interpret) -> dict:
+  """The kernel's static options, defaults filled in from the shapes and the backend."""
   b, t, hq, dh = q.shape
   interpret = jax.default_backend() != "gpu" if interpret is None else interpret
   block_q = block_q or kern.default_block_q(t * hq // kvh)
@@ -110,8 +111,8 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
                      f"got {mask.shape}")
   if choose_impl(impl, head_dim=q.shape[3], dtype=k.dtype) == "reference":
     return verify_attention_reference(q, k, v, lengths, tree_mask, mask=mask)
-  options = _kernel_options(q, k.shape[2], k.shape[1], block_k, block_q, num_splits, num_stages,
-                            interpret)
+  options = kernel_options(q, k.shape[2], k.shape[1], block_k, block_q, num_splits, num_stages,
+                           interpret)
   out = kern.verify_attention_kernel(q.astype(k.dtype), k, v, lengths, tree_mask, **options)
   return out.astype(q.dtype)
 
@@ -132,8 +133,8 @@ def paged_verify_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
   _check_inputs(q, k_pages, v_pages, lengths, tree_mask, capacity)
   if choose_impl(impl, head_dim=q.shape[3], dtype=k_pages.dtype) == "reference":
     return paged_verify_attention_reference(q, k_pages, v_pages, block_tables, lengths, tree_mask)
-  options = _kernel_options(q, k_pages.shape[2], capacity, block_k, block_q, num_splits,
-                            num_stages, interpret)
+  options = kernel_options(q, k_pages.shape[2], capacity, block_k, block_q, num_splits,
+                           num_stages, interpret)
   out = paged_verify_attention_kernel(q.astype(k_pages.dtype), k_pages, v_pages, block_tables,
                                       lengths, tree_mask, **options)
   return out.astype(q.dtype)

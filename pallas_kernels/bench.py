@@ -1,0 +1,112 @@
+"""Kernel benchmark on the local device, one JSON: verification attention (Pallas kernel vs the XLA
+reference, vs T, G and KV length, with achieved HBM bandwidth) and the MoE grouped GEMM if present.
+
+  python -m pallas_kernels.bench --json OUT.json [--quick]
+
+--quick runs tiny shapes (interpret mode off the GPU) as a smoke test; timings are medians after
+warm-up of calls synchronised with jax.block_until_ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import statistics
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.verify_attention import api
+
+# KV cache of kv_len slots holding kv_len - T committed tokens plus the T new ones.
+FULL = dict(ts=(1, 2, 4, 8, 16), groups=(1, 4, 8), kv_lens=(4096, 32768), batch=1, kv_heads=8,
+            head_dim=128, dtype=jnp.bfloat16, repeats=20)
+QUICK = dict(ts=(1, 3), groups=(4,), kv_lens=(64,), batch=1, kv_heads=2, head_dim=16,
+             dtype=jnp.float32, repeats=3)
+# Extra kernel points per kv_len: (T, G, num_splits), to show what split-KV buys.
+UNSPLIT = ((1, 1, 1), (4, 8, 1))
+
+
+def median_ms(fn, *args, repeats: int) -> tuple[float, float]:
+  """(median, min) wall milliseconds of fn(*args) after two warm-up calls."""
+  for _ in range(2):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append((time.perf_counter() - start) * 1e3)
+  return statistics.median(times), min(times)
+
+
+def run_attention(quick: bool = False) -> list[dict]:
+  """One row per (kv_len, G, T, impl): median/min ms, K/V bytes read per ms as GB/s, error vs the
+  reference, and the kernel's tiling."""
+  shape = QUICK if quick else FULL
+  b, kvh, dh, dtype = shape["batch"], shape["kv_heads"], shape["head_dim"], shape["dtype"]
+  interpret = jax.default_backend() != "gpu"
+  rows = []
+  for kv_len in shape["kv_lens"]:
+    kk, kv_, kq = jax.random.split(jax.random.PRNGKey(kv_len), 3)
+    k = jax.random.normal(kk, (b, kv_len, kvh, dh), jnp.float32).astype(dtype)   # [B, S, KVH, Dh]
+    v = jax.random.normal(kv_, (b, kv_len, kvh, dh), jnp.float32).astype(dtype)
+    points = [(t, g, None) for g in shape["groups"] for t in shape["ts"]]
+    points += [p for p in UNSPLIT if not quick]
+    for t, g, num_splits in points:
+      q = jax.random.normal(kq, (b, t, g * kvh, dh), jnp.float32).astype(dtype)  # [B, T, Hq, Dh]
+      lengths = jnp.full((b,), kv_len - t, jnp.int32)
+      kv_bytes = 2 * b * kv_len * kvh * dh * jnp.dtype(dtype).itemsize
+      want = None
+      impls = ("reference", "pallas") if num_splits is None else ("pallas",)
+      for impl in impls:
+        options = {} if impl == "reference" else api.kernel_options(
+            q, kvh, kv_len, None, None, num_splits, 2, interpret)
+        fn = jax.jit(functools.partial(api.verify_attention, impl=impl, **options))
+        out = fn(q, k, v, lengths).astype(jnp.float32)
+        if want is None:
+          want = out if impl == "reference" else api.verify_attention(
+              q, k, v, lengths, impl="reference").astype(jnp.float32)
+        med, best = median_ms(fn, q, k, v, lengths, repeats=shape["repeats"])
+        rows.append(dict(
+            impl=impl, t=t, group=g, kv_len=kv_len, batch=b, kv_heads=kvh, head_dim=dh,
+            dtype=jnp.dtype(dtype).name, median_ms=med, min_ms=best,
+            hbm_gb_per_s=kv_bytes / (med * 1e-3) / 1e9,
+            max_abs_err=float(jnp.abs(out - want).max()),
+            **{key: options[key] for key in ("block_q", "block_k", "num_splits", "interpret")
+               if key in options}))
+        print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
+def run_gmm(quick: bool) -> list[dict]:
+  """The MoE grouped-GEMM benchmark rows, if that op ships one."""
+  try:
+    from pallas_kernels.moe_gemm import bench as gmm_bench
+  except ImportError:
+    return []
+  if "quick" in inspect.signature(gmm_bench.run).parameters:
+    return gmm_bench.run(quick=quick)
+  return gmm_bench.run()
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--json", required=True, help="output path")
+  parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+  args = parser.parse_args(argv)
+  with warnings.catch_warnings():
+    # jax >= 0.11 deprecates Pallas' Triton backend; the kernel still uses it on purpose.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    report = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
+                  jax_version=jax.__version__, quick=args.quick,
+                  attention=run_attention(args.quick), gmm=run_gmm(args.quick))
+  with open(args.json, "w") as f:
+    json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,223 @@
+"""verify_attention: reference vs a per-row numpy oracle, the Pallas kernel (interpret mode) vs the
+reference, split-KV, paged vs contiguous, constraint errors, the Llama forward on both paths."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models.config import LlamaConfig
+from models.kv_cache import KVCache
+from models.llama import Llama
+from pallas_kernels.verify_attention import (paged_verify_attention,
+                                             paged_verify_attention_reference, verify_attention,
+                                             verify_attention_reference)
+
+TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}   # bf16: probabilities rounded before P @ V
+# Jitted: one compile per shape instead of one per eager op (the file must stay fast on 2 cores).
+reference = jax.jit(verify_attention_reference)
+paged_reference = jax.jit(paged_verify_attention_reference)
+
+
+def make_inputs(b, t, hq, kvh, s, dh, lengths, *, dtype=jnp.float32, tree=False, seed=0):
+  rng = np.random.default_rng(seed)   # numpy: no per-shape compiles of jax.random
+  q, k, v = (jnp.asarray(rng.standard_normal(shape, np.float32), dtype)
+             for shape in ((b, t, hq, dh), (b, s, kvh, dh), (b, s, kvh, dh)))
+  return q, k, v, jnp.asarray(lengths, jnp.int32), random_tree(b, t, seed) if tree else None
+
+
+def random_tree(b, t, seed):
+  """[B, T, T] ancestor-or-self masks of random trees (node u's parent is some node < u)."""
+  rng = np.random.default_rng(seed)
+  mask = np.zeros((b, t, t), bool)
+  for row in range(b):
+    for u in range(t):
+      mask[row, u, u] = True
+      if u:
+        mask[row, u] |= mask[row, rng.integers(0, u)]
+  return jnp.asarray(mask)
+
+
+def oracle(q, k, v, lengths, tree_mask):
+  """Per (row, token, head) loop in float64 over the keys that token may see."""
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  b, t, hq, dh = q.shape
+  s, kvh = k.shape[1], k.shape[2]
+  out = np.zeros_like(q)
+  for row in range(b):
+    n = int(lengths[row])
+    for i in range(t):
+      news = [u for u in range(t) if (u <= i if tree_mask is None else tree_mask[row, i, u])]
+      keys = [j for j in list(range(n)) + [n + u for u in news] if j < s]
+      for h in range(hq):
+        kh = h // (hq // kvh)
+        scores = k[row, keys, kh] @ q[row, i, h] / np.sqrt(dh)
+        p = np.exp(scores - scores.max())
+        out[row, i, h] = (p / p.sum()) @ v[row, keys, kh]
+  return out
+
+
+def assert_close(x, y, dtype):
+  np.testing.assert_allclose(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                             atol=TOL[dtype], rtol=TOL[dtype])
+
+
+# (B, T, Hq, KVH, S, Dh, lengths, tree): odd lengths, an empty prefix, new keys past the cache end.
+REFERENCE_CASES = [
+    (2, 1, 4, 4, 24, 16, [0, 23], False),
+    (2, 3, 8, 2, 24, 16, [5, 17], True),
+    (1, 5, 8, 1, 24, 32, [21], False),   # slots 24, 25 dropped
+    (1, 6, 4, 1, 24, 16, [19], True),    # slot 24 dropped
+]
+
+
+@pytest.mark.parametrize("b,t,hq,kvh,s,dh,lengths,tree", REFERENCE_CASES)
+def test_reference_matches_per_row_oracle(b, t, hq, kvh, s, dh, lengths, tree):
+  q, k, v, lengths, tm = make_inputs(b, t, hq, kvh, s, dh, lengths, tree=tree)
+  np.testing.assert_allclose(np.asarray(reference(q, k, v, lengths, tm)),
+                             oracle(q, k, v, lengths, tm), atol=1e-5)
+
+
+# (B, T, G, KVH, S, Dh, lengths, tree, dtype, block_k, num_splits)
+KERNEL_CASES = [
+    (2, 1, 1, 2, 100, 16, [0, 67], False, jnp.float32, 32, 1),          # T=1, empty prefix
+    (2, 3, 4, 2, 100, 32, [37, 98], True, jnp.float32, 16, 1),          # tree, slot 100 dropped
+    (1, 5, 8, 1, 64, 16, [29], False, jnp.bfloat16, 16, 1),
+    (1, 4, 8, 1, 64, 16, [45], True, jnp.bfloat16, 16, 2),
+    (1, 40, 4, 1, 80, 16, [3], False, jnp.float32, 32, 1),              # 160 rows: two row tiles
+]
+
+
+@pytest.mark.parametrize("b,t,g,kvh,s,dh,lengths,tree,dtype,block_k,num_splits", KERNEL_CASES)
+def test_kernel_matches_reference(b, t, g, kvh, s, dh, lengths, tree, dtype, block_k, num_splits):
+  q, k, v, lengths, tm = make_inputs(b, t, g * kvh, kvh, s, dh, lengths, dtype=dtype, tree=tree)
+  out = verify_attention(q, k, v, lengths, tm, impl="pallas", interpret=True, block_k=block_k,
+                         num_splits=num_splits)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  assert_close(out, reference(q, k, v, lengths, tm), dtype)
+
+
+def test_split_kv_equals_no_split():
+  # 3 splits over uneven prefixes (7 and 1 blocks of 16): some splits get no prefix block at all.
+  q, k, v, lengths, tm = make_inputs(2, 3, 8, 2, 128, 16, [101, 9], tree=True, seed=1)
+  run = lambda n: verify_attention(q, k, v, lengths, tm, impl="pallas", interpret=True,
+                                   block_k=16, num_splits=n)
+  split = run(3)
+  np.testing.assert_allclose(np.asarray(split), np.asarray(run(1)), atol=1e-6)
+  assert_close(split, reference(q, k, v, lengths, tm), jnp.float32)
+
+
+def test_kernel_gives_zeros_to_a_row_that_sees_nothing():
+  q, k, v, _, _ = make_inputs(1, 2, 2, 1, 16, 16, [0])
+  tm = jnp.asarray([[[False, False], [True, True]]])
+  out = verify_attention(q, k, v, jnp.asarray([0]), tm, impl="pallas", interpret=True)
+  np.testing.assert_array_equal(np.asarray(out[0, 0]), 0.0)
+  assert_close(out[0, 1], reference(q, k, v, jnp.asarray([0]), tm)[0, 1],
+               jnp.float32)
+
+
+def to_pages(cache, page_size, seed):
+  """Scatters a contiguous [B, S, KVH, Dh] cache into shuffled pages; returns pages, tables."""
+  b, s, kvh, dh = cache.shape
+  per_row = s // page_size
+  order = np.random.default_rng(seed).permutation(b * per_row + 3)   # 3 pages nobody uses
+  tables = order[:b * per_row].reshape(b, per_row)
+  pages = np.zeros((len(order), page_size, kvh, dh), np.float32)
+  pages[tables.reshape(-1)] = np.asarray(cache).reshape(b * per_row, page_size, kvh, dh)
+  return jnp.asarray(pages, cache.dtype), jnp.asarray(tables, jnp.int32)
+
+
+# (T, G, page_size, lengths, tree, block_k, num_splits)
+@pytest.mark.parametrize("t,g,page_size,lengths,tree,block_k,num_splits", [
+    (1, 4, 8, [13, 0], False, 16, 1),
+    (3, 2, 16, [46, 61], True, 16, 2),    # row 1: slots 64, 65 dropped
+])
+def test_paged_equals_contiguous(t, g, page_size, lengths, tree, block_k, num_splits):
+  q, k, v, lengths, tm = make_inputs(2, t, 2 * g, 2, 64, 16, lengths, tree=tree, seed=2)
+  (k_pages, tables), (v_pages, _) = to_pages(k, page_size, 0), to_pages(v, page_size, 0)
+  want = reference(q, k, v, lengths, tm)
+  np.testing.assert_array_equal(
+      np.asarray(paged_reference(q, k_pages, v_pages, tables, lengths, tm)),
+      np.asarray(want))
+  out = paged_verify_attention(q, k_pages, v_pages, tables, lengths, tm, impl="pallas",
+                               interpret=True, block_k=block_k, num_splits=num_splits)
+  assert_close(out, want, jnp.float32)
+
+
+@pytest.mark.parametrize("kwargs,shape,match", [
+    (dict(block_k=48), None, "block_k must be a power of two"),
+    (dict(block_q=8), None, "block_q must be a power of two >= 16"),
+    (dict(num_splits=0), None, "num_splits must be >= 1"),
+    (dict(block_k=128, num_stages=4), (1, 1, 4, 1, 64, 256), "shared memory"),
+    (dict(), (1, 1, 4, 1, 64, 24), "head_dim 24"),
+])
+def test_kernel_rejects_configs_a_gpu_cannot_run(kwargs, shape, match):
+  b, t, hq, kvh, s, dh = shape or (1, 2, 4, 2, 64, 16)
+  q, k, v, lengths, _ = make_inputs(b, t, hq, kvh, s, dh, [5])
+  with pytest.raises(ValueError, match=match):
+    verify_attention(q, k, v, lengths, impl="pallas", interpret=True, **kwargs)
+
+
+def test_paged_kernel_rejects_odd_page_size():
+  q, k, v, lengths, _ = make_inputs(1, 1, 2, 1, 24, 16, [5])
+  k_pages = k.reshape(2, 12, 1, 16)
+  with pytest.raises(ValueError, match="page_size must be a power of two"):
+    paged_verify_attention(q, k_pages, k_pages, jnp.asarray([[0, 1]]), lengths, impl="pallas",
+                           interpret=True)
+
+
+def test_api_validates_inputs():
+  q, k, v, lengths, _ = make_inputs(2, 3, 4, 2, 16, 16, [1, 2])
+  bad = [
+      (dict(q=q[..., :3, :]), "multiple of KV heads"),
+      (dict(v=v[:, :8]), "same shape"),
+      (dict(lengths=lengths[:1]), "lengths must be an integer"),
+      (dict(lengths=lengths.astype(jnp.float32)), "lengths must be an integer"),
+      (dict(tree_mask=jnp.ones((2, 3, 2), bool)), "tree_mask must be bool"),
+      (dict(tree_mask=jnp.ones((2, 3, 3), jnp.int32)), "tree_mask must be bool"),
+      (dict(impl="triton"), "impl must be one of"),
+      (dict(mask=jnp.ones((2, 3, 15), bool)), "mask must be"),
+  ]
+  for change, match in bad:
+    args = dict(q=q, k=k, v=v, lengths=lengths) | change
+    with pytest.raises(ValueError, match=match):
+      verify_attention(**args)
+  with pytest.raises(ValueError, match="attention_impl must be one of"):
+    Llama(LlamaConfig.tiny(), attention_impl="fast")
+
+
+def test_llama_forward_is_the_same_on_the_kernel_path():
+  cfg = LlamaConfig.tiny()
+  prompt = jnp.asarray([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+  tree = jnp.asarray([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]] * 2, bool)   # two siblings of token 0
+  runs = []
+  for impl in ("reference", "pallas"):
+    graphdef, state = nnx.split(Llama(cfg, rngs=nnx.Rngs(4), attention_impl=impl))
+    forward = jax.jit(lambda state, ids, cache, **kw: nnx.merge(graphdef, state)(ids, cache, **kw))
+    prefill = forward(state, prompt, KVCache.init(cfg, 2, 16), num_new=jnp.asarray([5, 3]))
+    positions = prefill.cache.lengths[:, None] + jnp.asarray([[0, 1, 1]])
+    verify = forward(state, jnp.asarray([[1, 2, 3], [4, 5, 6]]), prefill.cache, tree_mask=tree,
+                     positions=positions)
+    runs.append((prefill, verify))
+  for ref, pal in zip(*runs):
+    np.testing.assert_allclose(np.asarray(pal.logits), np.asarray(ref.logits), atol=1e-5)
+    for a, b in zip(ref.cache.k + ref.cache.v, pal.cache.k + pal.cache.v):
+      np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(pal.cache.lengths), np.asarray(ref.cache.lengths))
+
+
+def test_bench_quick_writes_json(tmp_path):
+  from pallas_kernels import bench
+  path = tmp_path / "bench.json"
+  bench.main(["--json", str(path), "--quick"])
+  report = json.loads(path.read_text())
+  assert {"device", "jax_version", "attention", "gmm"} <= set(report)
+  rows = report["attention"]
+  assert rows and {r["impl"] for r in rows} == {"pallas", "reference"}
+  for r in rows:
+    assert r["median_ms"] > 0 and r["hbm_gb_per_s"] > 0 and r["max_abs_err"] < 2e-2
