@@ -1,10 +1,5 @@
-"""Kernel benchmark on the local device, one JSON: verification attention (Pallas kernel vs the XLA
-reference, vs T, G and KV length, with achieved HBM bandwidth) and the MoE grouped GEMM if present.
-
-  python -m pallas_kernels.bench --json OUT.json [--quick]
-
---quick runs tiny shapes (interpret mode off the GPU) as a smoke test; timings are medians after
-warm-up of calls synchronised with jax.block_until_ready.
+"""Kernel benchmark on the local device into one JSON: verification attention (Pallas kernel vs the
+XLA reference, with achieved HBM bandwidth) and the MoE grouped GEMM when that op ships a benchmark.
 """
 
 from __future__ import annotations
@@ -12,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import inspect
+import itertools
 import json
 import statistics
 import time
@@ -43,42 +39,52 @@ def median_ms(fn, *args, repeats: int) -> tuple[float, float]:
   return statistics.median(times), min(times)
 
 
-def run_attention(quick: bool = False) -> list[dict]:
+def run_attention(quick: bool = False, budget_s: float = 150.0) -> list[dict]:
   """One row per (kv_len, G, T, impl): median/min ms, K/V bytes read per ms as GB/s, error vs the
-  reference, and the kernel's tiling."""
+  reference, and the kernel's tiling. Points not started within budget_s seconds are skipped (each
+  point compiles a kernel), so the command stays inside its time limit."""
   shape = QUICK if quick else FULL
+  deadline = time.monotonic() + budget_s
   b, kvh, dh, dtype = shape["batch"], shape["kv_heads"], shape["head_dim"], shape["dtype"]
   interpret = jax.default_backend() != "gpu"
   rows = []
+  kv = {}
   for kv_len in shape["kv_lens"]:
-    kk, kv_, kq = jax.random.split(jax.random.PRNGKey(kv_len), 3)
-    k = jax.random.normal(kk, (b, kv_len, kvh, dh), jnp.float32).astype(dtype)   # [B, S, KVH, Dh]
-    v = jax.random.normal(kv_, (b, kv_len, kvh, dh), jnp.float32).astype(dtype)
-    points = [(t, g, None) for g in shape["groups"] for t in shape["ts"]]
-    points += [p for p in UNSPLIT if not quick]
-    for t, g, num_splits in points:
-      q = jax.random.normal(kq, (b, t, g * kvh, dh), jnp.float32).astype(dtype)  # [B, T, Hq, Dh]
-      lengths = jnp.full((b,), kv_len - t, jnp.int32)
-      kv_bytes = 2 * b * kv_len * kvh * dh * jnp.dtype(dtype).itemsize
-      want = None
-      impls = ("reference", "pallas") if num_splits is None else ("pallas",)
-      for impl in impls:
-        options = {} if impl == "reference" else api.kernel_options(
-            q, kvh, kv_len, None, None, num_splits, 2, interpret)
-        fn = jax.jit(functools.partial(api.verify_attention, impl=impl, **options))
-        out = fn(q, k, v, lengths).astype(jnp.float32)
-        if want is None:
-          want = out if impl == "reference" else api.verify_attention(
-              q, k, v, lengths, impl="reference").astype(jnp.float32)
-        med, best = median_ms(fn, q, k, v, lengths, repeats=shape["repeats"])
-        rows.append(dict(
-            impl=impl, t=t, group=g, kv_len=kv_len, batch=b, kv_heads=kvh, head_dim=dh,
-            dtype=jnp.dtype(dtype).name, median_ms=med, min_ms=best,
-            hbm_gb_per_s=kv_bytes / (med * 1e-3) / 1e9,
-            max_abs_err=float(jnp.abs(out - want).max()),
-            **{key: options[key] for key in ("block_q", "block_k", "num_splits", "interpret")
-               if key in options}))
-        print(json.dumps(rows[-1]), flush=True)
+    kk, kv_ = jax.random.split(jax.random.PRNGKey(kv_len))
+    kv[kv_len] = tuple(jax.random.normal(key, (b, kv_len, kvh, dh), jnp.float32).astype(dtype)
+                       for key in (kk, kv_))                          # k, v [B, S, KVH, Dh]
+  # Both KV lengths for each (G, T) before the next, so a spent budget cuts both alike.
+  points = [(t, g, None) for g in shape["groups"] for t in shape["ts"]]
+  points += [p for p in UNSPLIT if not quick]
+  for (t, g, num_splits), kv_len in itertools.product(points, shape["kv_lens"]):
+    if time.monotonic() > deadline:
+      print(f"attention: budget of {budget_s} s spent, skipping kv_len={kv_len} T={t} G={g}",
+            flush=True)
+      continue
+    k, v = kv[kv_len]
+    q = jax.random.normal(jax.random.PRNGKey(t * 100 + g), (b, t, g * kvh, dh),
+                          jnp.float32).astype(dtype)                    # [B, T, Hq, Dh]
+    lengths = jnp.full((b,), kv_len - t, jnp.int32)
+    kv_bytes = 2 * b * kv_len * kvh * dh * jnp.dtype(dtype).itemsize
+    want = None
+    impls = ("reference", "pallas") if num_splits is None else ("pallas",)
+    for impl in impls:
+      options = {} if impl == "reference" else api.kernel_options(
+          q, kvh, kv_len, None, None, num_splits, 2, interpret)
+      fn = jax.jit(functools.partial(api.verify_attention, impl=impl, **options))
+      out = fn(q, k, v, lengths).astype(jnp.float32)
+      if want is None:
+        want = out if impl == "reference" else api.verify_attention(
+            q, k, v, lengths, impl="reference").astype(jnp.float32)
+      med, best = median_ms(fn, q, k, v, lengths, repeats=shape["repeats"])
+      rows.append(dict(
+          impl=impl, t=t, group=g, kv_len=kv_len, batch=b, kv_heads=kvh, head_dim=dh,
+          dtype=jnp.dtype(dtype).name, median_ms=med, min_ms=best,
+          hbm_gb_per_s=kv_bytes / (med * 1e-3) / 1e9,
+          max_abs_err=float(jnp.abs(out - want).max()),
+          **{key: options[key] for key in ("block_q", "block_k", "num_splits", "interpret")
+             if key in options}))
+      print(json.dumps(rows[-1]), flush=True)
   return rows
 
 
@@ -94,16 +100,22 @@ def run_gmm(quick: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(
+      description="python -m pallas_kernels.bench --json OUT.json [--quick]: medians after warm-up "
+                  "of calls synchronised with jax.block_until_ready; --quick runs tiny shapes "
+                  "(interpret mode off the GPU) as a smoke test.")
   parser.add_argument("--json", required=True, help="output path")
   parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
+  parser.add_argument("--attention-budget-s", type=float, default=150.0,
+                      help="start no attention point after this many seconds")
   args = parser.parse_args(argv)
   with warnings.catch_warnings():
     # jax >= 0.11 deprecates Pallas' Triton backend; the kernel still uses it on purpose.
     warnings.simplefilter("ignore", DeprecationWarning)
     report = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
                   jax_version=jax.__version__, quick=args.quick,
-                  attention=run_attention(args.quick), gmm=run_gmm(args.quick))
+                  attention=run_attention(args.quick, args.attention_budget_s),
+                  gmm=run_gmm(args.quick))
   with open(args.json, "w") as f:
     json.dump(report, f, indent=1)
 

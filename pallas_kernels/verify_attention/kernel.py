@@ -1,11 +1,5 @@
 """Verification attention as a Triton-style Pallas kernel: the G*T query rows of one KV head share a
-row tile and stream that head's KV prefix once, with online softmax and optional split-KV.
-
-Grid (B, KVH, query tiles, KV splits). Each program walks its split's share of the committed prefix
-[0, lengths[b]) in `block_k` blocks, then (last split only) the T new keys at lengths[b] + u with the
-causal or tree mask, and writes its rows normalised plus their log-sum-exp; a jnp combine merges the
-splits. Query rows are packed token-major (row r = token r // G, head r % G of the group) and padded
-to a power of two; more than `MAX_BLOCK_Q` rows (prefill) are tiled, so any T runs through here.
+tile and stream that head's KV prefix once, with online softmax and optional split-KV.
 """
 
 from __future__ import annotations
@@ -85,8 +79,7 @@ def compiler_params(block_q: int, block_k: int, num_warps: int | None, num_stage
   """Triton compiler params (they also pick the Triton backend over Mosaic GPU on jax >= 0.11)."""
   if num_warps is None:
     num_warps = 4 if block_q * block_k <= 64 * 64 else 8
-  params = getattr(pltriton, "CompilerParams", None) or getattr(pltriton, "TritonCompilerParams")
-  return params(num_warps=num_warps, num_stages=num_stages)
+  return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
 def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable,
@@ -101,17 +94,19 @@ def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable
   block_q, head_dim = q_ref.shape
   tile, split = pl.program_id(2), pl.program_id(3)
   q = q_ref[...]                                                   # [bq, Dh]
+  # fp32 is the accuracy path: IEEE dots, not Triton's TF32 default (bf16/fp16 use tensor cores).
+  precision = lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
   token = lax.div(tile * block_q + jnp.arange(block_q), group)     # [bq] new-token index per row
 
   def update(carry, k, v, visible):
     acc, m, l = carry
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())),
+    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=precision,
                         preferred_element_type=jnp.float32) * scale   # [bq, bk]
     s = jnp.where(visible, s, -jnp.inf)
     m_new = jnp.maximum(m, s.max(axis=1))
     p = jnp.exp(s - m_new[:, None])
     alpha = jnp.exp(m - m_new)
-    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())),
+    pv = lax.dot_general(p.astype(v.dtype), v, (((1,), (0,)), ((), ())), precision=precision,
                          preferred_element_type=jnp.float32)          # [bq, Dh]
     return alpha[:, None] * acc + pv, m_new, alpha * l + p.sum(axis=1)
 
@@ -161,8 +156,8 @@ def _contiguous_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, tree: bool, spli
   def fetch_prefix(j):
     start = pl.multiple_of(j * block_k, block_k)
     valid = (start + jnp.arange(block_k) < length)[:, None]
-    k = pltriton.load(k_ref.at[pl.ds(start, block_k), :], mask=valid, other=0)
-    v = pltriton.load(v_ref.at[pl.ds(start, block_k), :], mask=valid, other=0)
+    k = pltriton.load(k_ref.at[pl.ds(start, block_k), :], mask=valid, other=0.0)
+    v = pltriton.load(v_ref.at[pl.ds(start, block_k), :], mask=valid, other=0.0)
     return k, v
 
   def fetch_new(c):
@@ -170,8 +165,8 @@ def _contiguous_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, tree: bool, spli
     slot = start + jnp.arange(block_new)
     # Keys past the cache were dropped when written: they do not exist.
     exists = (slot < length + static["num_new"]) & (slot < kv_len)
-    k = pltriton.load(k_ref.at[pl.ds(start, block_new), :], mask=exists[:, None], other=0)
-    v = pltriton.load(v_ref.at[pl.ds(start, block_new), :], mask=exists[:, None], other=0)
+    k = pltriton.load(k_ref.at[pl.ds(start, block_new), :], mask=exists[:, None], other=0.0)
+    v = pltriton.load(v_ref.at[pl.ds(start, block_new), :], mask=exists[:, None], other=0.0)
     return k, v, exists
 
   attend_tile(q_ref, tm_ref, o_ref, lse_ref, length=length, fetch_prefix=fetch_prefix,
@@ -229,7 +224,15 @@ def verify_attention_kernel(q: jax.Array, k: jax.Array, v: jax.Array, lengths: j
                             num_warps: int | None = None, num_stages: int = 2,
                             interpret: bool = False) -> jax.Array:
   """Same contract as `verify_attention_reference` (inputs validated by the api), except that a row
-  which sees no key at all gets zeros instead of NaN."""
+  which sees no key at all gets zeros instead of NaN.
+
+  Grid (B, KVH, query tiles, KV splits). Query rows are packed token-major (row r = token r // G,
+  head r % G of the group), padded to a power of two; more than MAX_BLOCK_Q rows (prefill) take
+  several tiles, so any T runs here. Each program walks its split's share of the committed prefix
+  [0, lengths[b]) in block_k blocks, then (last split only) the T new keys at lengths[b] + u under
+  the causal or tree mask, and writes its rows normalised plus their log-sum-exp; `unpack_output`
+  merges the splits in jnp.
+  """
   b, t, hq, dh = q.shape
   kv_len, kvh = k.shape[1], k.shape[2]
   group = hq // kvh

@@ -1,8 +1,5 @@
 """Verification attention over a paged KV cache: a gather-then-reference oracle and a Pallas kernel
 that follows each row's block table inside the kernel (gathered page indices, as Triton allows).
-
-Pages k/v [P, page_size, KVH, Dh]; block_tables [B, pages_per_seq] maps row b's logical slot s to
-page block_tables[b, s // page_size], offset s % page_size; logical capacity pages_per_seq*page_size.
 """
 
 from __future__ import annotations
@@ -71,7 +68,12 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
                                   num_warps: int | None = None, num_stages: int = 2,
                                   interpret: bool = False) -> jax.Array:
   """Same contract as `paged_verify_attention_reference` (a row that sees no key gets zeros).
-  A KV block is max(block_k, page_size) slots: whole pages gathered through the block table."""
+
+  Pages k/v [P, page_size, KVH, Dh]; row b's logical slot s lives in page block_tables[b, s //
+  page_size] at offset s % page_size; the logical capacity is pages_per_seq * page_size. A prefix
+  block is max(block_k, page_size) slots, whole pages gathered through the table; the new keys are
+  gathered slot by slot. Grid and packing as in `kernel.verify_attention_kernel`.
+  """
   b, t, hq, dh = q.shape
   num_pages, page_size, kvh, _ = k_pages.shape
   if not kern.is_pow2(page_size):

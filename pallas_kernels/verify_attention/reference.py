@@ -1,7 +1,5 @@
-"""Verification attention in plain jnp: the oracle for the kernels and the CPU/TPU implementation.
-
-The same math as the model's attention (GQA grouping, fp32 scores, probabilities cast to v.dtype).
-"""
+"""Verification attention in plain jnp, the model's math (GQA groups, fp32 scores, probabilities in
+v.dtype): the oracle for the kernels and the CPU/TPU implementation."""
 
 from __future__ import annotations
 
