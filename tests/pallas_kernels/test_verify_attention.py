@@ -3,6 +3,7 @@ reference, split-KV, paged vs contiguous, constraint errors, the Llama forward o
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
@@ -161,6 +162,35 @@ def test_kernel_rejects_configs_a_gpu_cannot_run(kwargs, shape, match):
   q, k, v, lengths, _ = make_inputs(b, t, hq, kvh, s, dh, [5])
   with pytest.raises(ValueError, match=match):
     verify_attention(q, k, v, lengths, impl="pallas", interpret=True, **kwargs)
+
+
+# Lowering for CUDA runs Pallas' Triton lowering (its power-of-two and op-support checks) without a
+# GPU; jaxlib <= 0.10.2 then stops at the IR, later ones compile it with Triton, which needs a GPU.
+@pytest.mark.skipif(jax.__version_info__ > (0, 10, 2) and jax.default_backend() != "gpu",
+                    reason="Triton compiles during lowering on jaxlib > 0.10.2: needs a GPU")
+@pytest.mark.parametrize("paged,t,g,dh,dtype,tree,kwargs", [
+    (False, 1, 8, 128, jnp.bfloat16, False, dict(num_splits=4)),
+    (False, 5, 4, 64, jnp.float32, True, dict(num_splits=1, block_k=32)),
+    (False, 200, 4, 128, jnp.bfloat16, False, dict(num_splits=2)),    # 800 rows: 7 tiles
+    (True, 3, 4, 128, jnp.bfloat16, True, dict(num_splits=2)),
+    (True, 2, 1, 64, jnp.float16, False, dict(num_splits=1, block_k=32)),   # pages of 64 > block_k
+])
+def test_kernel_lowers_to_triton_for_cuda(paged, t, g, dh, dtype, tree, kwargs):
+  b, kvh = 2, 2
+  spec = jax.ShapeDtypeStruct
+  q = spec((b, t, g * kvh, dh), dtype)
+  args = (spec((b,), jnp.int32), spec((b, t, t), jnp.bool_) if tree else None)
+  if paged:
+    pages = spec((40, 64 if kwargs.get("block_k") else 16, kvh, dh), dtype)
+    fn = functools.partial(paged_verify_attention, impl="pallas", interpret=False, **kwargs)
+    lowered = jax.jit(fn).trace(q, pages, pages, spec((b, 9), jnp.int32), *args)
+  else:
+    kv = spec((b, 1000, kvh, dh), dtype)
+    fn = functools.partial(verify_attention, impl="pallas", interpret=False, **kwargs)
+    lowered = jax.jit(fn).trace(q, kv, kv, *args)
+  text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+  # One Triton custom call (its target was renamed after jaxlib 0.10.2).
+  assert text.count("__gpu$xla.gpu.triton") + text.count("triton_kernel_call") == 1
 
 
 def test_paged_kernel_rejects_odd_page_size():
