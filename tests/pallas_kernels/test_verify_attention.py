@@ -15,7 +15,7 @@ from flax import nnx
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Llama
-from pallas_kernels.verify_attention import (paged_verify_attention,
+from pallas_kernels.verify_attention import (choose_impl, paged_verify_attention,
                                              paged_verify_attention_reference, verify_attention,
                                              verify_attention_reference)
 
@@ -219,6 +219,15 @@ def test_api_validates_inputs():
       verify_attention(**args)
   with pytest.raises(ValueError, match="attention_impl must be one of"):
     Llama(LlamaConfig.tiny(), attention_impl="fast")
+
+
+def test_auto_takes_the_kernel_on_gpu_only_and_falls_back_with_a_warning(monkeypatch):
+  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "reference"   # CPU here
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "pallas"
+  assert choose_impl("reference", head_dim=64, dtype=jnp.bfloat16) == "reference"
+  with pytest.warns(UserWarning, match="head_dim 80"):
+    assert choose_impl("auto", head_dim=80, dtype=jnp.bfloat16) == "reference"
 
 
 def test_llama_forward_is_the_same_on_the_kernel_path():
