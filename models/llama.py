@@ -153,7 +153,9 @@ class Llama(nnx.Module):
       positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     # The reference path shares one [B, T, S] mask across layers; the kernel builds its own.
     impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.k[0].dtype)
-    mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask) if impl == "reference" else None
+    mask = None
+    if impl == "reference":
+      mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)    # [B, T, S]
     x = self.embed(tokens)                                                  # [B, T, H]
     hidden = {}
     for i, block in enumerate(self.layers):

@@ -1,5 +1,5 @@
-"""Public verification-attention ops: validate inputs, then run the Pallas kernel (GPU by default) or
-the jnp reference (CPU/TPU by default, or where the kernel cannot serve the shapes)."""
+"""Public verification-attention ops: validate inputs, then run the Pallas kernel (GPU by default)
+or the jnp reference (CPU/TPU by default, or where the kernel cannot serve the shapes)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def default_num_splits(programs: int, kv_len: int, block_k: int) -> int:
 
 def _check_inputs(q, k, v, lengths, tree_mask, kv_len: int) -> None:
   if q.ndim != 4 or k.ndim != 4:
-    raise ValueError(f"q must be [B, T, Hq, Dh] and k/v [.., KVH, Dh]; got q {q.shape}, k {k.shape}")
+    raise ValueError(f"q must be [B, T, Hq, Dh] and k/v [.., KVH, Dh]; got q {q.shape}, "
+                     f"k {k.shape}")
   if k.shape != v.shape:
     raise ValueError(f"k and v must have the same shape, got {k.shape} and {v.shape}")
   b, t, hq, dh = q.shape

@@ -15,7 +15,7 @@ from pallas_kernels.verify_attention.reference import verify_attention_reference
 
 
 def gather_pages(pages: jax.Array, block_tables: jax.Array) -> jax.Array:
-  """[P, page_size, KVH, Dh] x [B, pages_per_seq] -> contiguous [B, pages_per_seq*page_size, KVH, Dh]."""
+  """Pages [P, page_size, KVH, Dh], tables [B, N] -> contiguous [B, N * page_size, KVH, Dh]."""
   b, n = block_tables.shape
   _, page_size, kvh, dh = pages.shape
   return pages[block_tables].reshape(b, n * page_size, kvh, dh)
