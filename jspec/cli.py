@@ -96,21 +96,47 @@ def cmd_bench_decode(args) -> None:
   print(text)
 
 
-def cmd_bench(args) -> None:
-  from jspec.bench import speedup
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+  try:
+    values = tuple(int(x) for x in text.split(","))
+  except ValueError:
+    sys.exit(f"jspec: {flag} takes comma-separated integers, got {text!r}")
+  if any(v < 1 for v in values):
+    sys.exit(f"jspec: {flag} values must be >= 1, got {text!r}")
+  return values
 
+
+def cmd_bench(args) -> None:
+  from jspec.bench import speedup, suite
+  from jspec.sampling import SamplingParams
+
+  num_draft = _ints(args.num_draft, "--num-draft")
+  batch_sizes = _ints(args.batch_size, "--batch-size")
+  drafters = tuple(d for d in args.drafters.split(",") if d)
+  try:   # everything cheap is checked before the model loads
+    prompts = suite.load(args.prompts)
+    cats = args.categories.split(",") if args.categories else None
+    prompts = suite.select(prompts, cats, args.per_category)
+    for d in drafters:
+      for n in num_draft:
+        speedup.spec_config(d, n, args.draft_layers)
+    SamplingParams.make(1, args.temperature, 0, 1.0)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
   loaded = _load(args.model)
-  ints = lambda s: tuple(int(x) for x in s.split(","))
   report = speedup.run(
-      loaded, drafters=tuple(args.drafters.split(",")), num_draft=ints(args.num_draft),
-      batch_sizes=ints(args.batch_size), max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-      temperature=args.temperature, layer_skip_layers=args.draft_layers,
-      progress=lambda r: print(f"  {r['drafter']} D={r['num_draft']} B={r['batch_size']} "
-                               f"{r['category']}: AL {r['acceptance_length']:.2f}, speedup "
-                               f"{r['speedup']:.2f}", file=sys.stderr, flush=True))
+      loaded, prompts, drafters=drafters, num_draft=num_draft, batch_sizes=batch_sizes,
+      temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+      ignore_eos=args.ignore_eos, layer_skip_layers=args.draft_layers, seed=args.seed,
+      progress=not args.no_progress)
+  report["command"] = "jspec bench " + " ".join(args.argv)
   if args.json:
     with open(args.json, "w") as f:
       json.dump(report, f, indent=2)
+  if args.plot:
+    from jspec.bench import plots
+    for path in plots.save_all(report, args.plot):
+      print(f"wrote {path}", file=sys.stderr)
   print(speedup.markdown(report))
 
 
@@ -149,19 +175,29 @@ def main(argv=None) -> None:
   b.add_argument("--json", default=None, help="also write the report to this file")
   b.set_defaults(func=cmd_bench_decode)
 
-  s = sub.add_parser("bench", help="speculative vs plain decoding, interleaved, JSON out")
+  s = sub.add_parser("bench", help="speculative vs plain decoding per prompt category, JSON out")
+  s.add_argument("--prompts", required=True,
+                 help="JSON Lines prompt suite (e.g. benchmarks/prompts/suite.jsonl)")
+  s.add_argument("--categories", default=None, help="comma-separated subset of the categories")
+  s.add_argument("--per-category", type=int, default=None, help="first N prompts per category")
   s.add_argument("--model", default=DEFAULT_MODEL)
-  s.add_argument("--drafters", default="ngram,layer-skip")
-  s.add_argument("--num-draft", default="1,2,3,5,7")
+  s.add_argument("--drafters", default="ngram,layer-skip",
+                 help="comma-separated: ngram, layer-skip, draft-model (the target as its own draft)")
+  s.add_argument("--num-draft", default="1,3,7")
   s.add_argument("--batch-size", default="1,4")
   s.add_argument("--temperature", type=float, default=0.0)
-  s.add_argument("--max-new-tokens", type=int, default=64)
-  s.add_argument("--repeats", type=int, default=5)
+  s.add_argument("--max-new-tokens", type=int, default=128)
+  s.add_argument("--repeats", type=int, default=1, help="runs of every batch")
+  s.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
   s.add_argument("--draft-layers", type=int, default=None, help="layer-skip depth")
+  s.add_argument("--seed", type=int, default=0)
   s.add_argument("--json", default=None, help="write the report to this file")
+  s.add_argument("--plot", default=None, help="write PNG plots into this folder")
+  s.add_argument("--no-progress", action="store_true")
   s.set_defaults(func=cmd_bench)
 
   args = parser.parse_args(argv)
+  args.argv = list(sys.argv[2:] if argv is None else argv[1:])
   args.func(args)
 
 

@@ -116,6 +116,12 @@ class DecodeOutput:
     """Generated tokens per second of prefill + decode (compilation excluded)."""
     return self.num_tokens / max(self.prefill_s + self.decode_s, 1e-9)
 
+  @property
+  def decode_tokens_per_s(self) -> float:
+    """Tokens per second of the decode loop alone (each row's first token comes from the prefill)."""
+    after_first = sum(max(len(t) - 1, 0) for t in self.token_ids)
+    return after_first / max(self.decode_s, 1e-9)
+
 
 def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: int):
   """Validates token-id prompts and right-pads them to a bucketed length."""

@@ -26,7 +26,14 @@ class SpecOutput(DecodeOutput):
   drafted: int = 0
   accepted: int = 0
   emitted: int = 0                 # tokens committed by rounds (excludes each row's first token)
-  per_position_acceptance: list[float] = dataclasses.field(default_factory=list)
+  steps: int = 0                   # rounds the batch ran (the slowest row's)
+  accepted_at: list[int] = dataclasses.field(default_factory=list)
+  # [D] rounds (summed over rows) in which draft position i was accepted
+
+  @property
+  def per_position_acceptance(self) -> list[float]:
+    """Fraction of rounds in which draft position i was accepted."""
+    return [a / max(self.rounds, 1) for a in self.accepted_at]
 
   @property
   def acceptance_length(self) -> float:
@@ -107,22 +114,38 @@ class SpecDecoder:
       self._programs[key] = (pre, gen)
     return self._programs[key]
 
-  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
-               top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None) -> SpecOutput:
+  def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len):
+    """Validates, compiles (timed apart) and returns the programs with the prefill's arguments."""
     tokens, lens, max_new, params, keys, max_len = self._prepare(
         prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len)
     eos_ids = self.eos_ids if eos else ()
     t0 = time.perf_counter()
     pre, gen = self._compiled(tokens, lens, max_new, params, keys, max_len, eos_ids)
+    args = (self.weights, self.drafter_params, jnp.asarray(tokens), jnp.asarray(lens),
+            jnp.asarray(max_new), params, keys)
+    return pre, gen, args, lens, params, time.perf_counter() - t0
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
+               top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None) -> SpecOutput:
+    pre, gen, args, lens, params, compile_s = self._start(
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len)
     t1 = time.perf_counter()
-    state = pre(self.weights, self.drafter_params, jnp.asarray(tokens), jnp.asarray(lens),
-                jnp.asarray(max_new), params, keys)
+    state = pre(*args)
     jax.block_until_ready(state)
     t2 = time.perf_counter()
     state = gen(self.weights, self.drafter_params, state, params)
     jax.block_until_ready(state)
     t3 = time.perf_counter()
-    return self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=t1 - t0)
+    return self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=compile_s)
+
+  def prefill(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
+              top_k=0, top_p=1.0, seed=0, eos: bool = True,
+              max_len: int | None = None) -> tuple[engine.SpecState, SamplingParams]:
+    """The state after the prefill, as `generate` starts its rounds from it (for timing a round's
+    parts, or driving rounds by hand with `engine.spec_round`)."""
+    pre, _, args, _, params, _ = self._start(
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len)
+    return pre(*args), params
 
   def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
              top_k=0, top_p=1.0, seed=0, eos: bool = True,
@@ -155,4 +178,5 @@ class SpecDecoder:
         token_ids=[buf[i, lens[i]:length[i]].tolist() for i in range(len(lens))],
         finish_reason=[engine.FINISH_REASONS[int(f)] for f in finish], rounds=rounds,
         drafted=int(m.drafted.sum()), accepted=int(m.accepted.sum()), emitted=int(m.emitted.sum()),
-        per_position_acceptance=(m.accepted_at.sum(0) / max(rounds, 1)).tolist(), **times)
+        steps=int(state.round),
+        accepted_at=m.accepted_at.sum(0).tolist(), **times)

@@ -1,92 +1,234 @@
-"""Speculative vs plain decoding of the same prompts, in one process, interleaved after warm-up.
+"""`jspec bench`: speculative vs plain decoding of the same prompts, per category, JSON out.
 
-For every (drafter, D, batch size, category) it runs plain and speculative generation of the same
-batch `repeats` times, alternating, and reports the median speedup with its spread, acceptance
-length, per-position acceptance, and whether greedy outputs were identical to plain decoding.
+For each batch size, every batch of a category's prompts runs once plainly and once per
+speculative configuration, back to back (order alternating), after a warm-up; compilation is
+excluded. Results are flat records (RECORD_FIELDS), one per (drafter, D, batch size, category) plus
+category "all".
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+import sys
+from collections import defaultdict
 
+import jax
+
+from jspec.bench import cost_model, plain, stats
+from jspec.bench.components import time_draft, time_verify
+from jspec.bench.suite import Prompt
 from jspec.config import SpeculativeConfig
-from jspec.decode import Decoder
+from jspec.decode import Decoder, bucket
 from jspec.spec_decode import SpecDecoder
 
-COPY_PROMPTS = [
-    "Rename the function `add` to `plus` and return the full code unchanged otherwise:\n"
-    "def add(a, b):\n    return a + b\n\n\ndef add_all(xs):\n    total = 0\n    for x in xs:\n"
-    "        total = add(total, x)\n    return total\n",
-    "Repeat the following text exactly, word for word: The committee met on Tuesday to review "
-    "the budget. The committee approved the budget and adjourned the meeting at noon.",
-    "Fix the spelling mistakes and rewrite the paragraph: Teh weather was nice, so we went to "
-    "teh park. We played footbal and ate sandwhiches under a big tree until evening.",
-    "Add type hints to this code and return it:\ndef area(width, height):\n    return width * "
-    "height\n\ndef perimeter(width, height):\n    return 2 * (width + height)\n",
-]
-OPEN_PROMPTS = [
-    "Write a short story about a lighthouse keeper.",
-    "Explain how a hash table works.",
-    "What are the benefits of regular exercise?",
-    "Describe a sunset over the ocean.",
-]
-CATEGORIES = {"copy": COPY_PROMPTS, "open": OPEN_PROMPTS}
+SCHEMA = "jspec.bench/1"
+# name -> (type, meaning). The JSON's stable contract; tests check every record against it.
+RECORD_FIELDS = {
+    "drafter": (str, "ngram | layer-skip | draft-model"),
+    "num_draft": (int, "D, draft tokens per round"),
+    "batch_size": (int, "rows per batch"),
+    "temperature": (float, "sampling temperature (0 = greedy)"),
+    "category": (str, "prompt category, or 'all'"),
+    "num_prompts": (int, "distinct prompts"),
+    "num_runs": (int, "batch runs measured (batches x repeats)"),
+    "generated_tokens": (int, "decode tokens of the speculative runs (first tokens excluded)"),
+    "acceptance_length": (float, "tokens committed per target verify, bonus included"),
+    "per_position_acceptance": (list, "[D] fraction of rounds accepting draft position i"),
+    "tokens_per_s": (float, "speculative decode tokens/s (all runs' tokens / all runs' time)"),
+    "baseline_tokens_per_s": (float, "plain decode tokens/s of the same batches"),
+    "speedup": (float, "median over runs of spec/plain tokens/s of the same batch"),
+    "speedup_p25": (float, "first quartile of the per-run speedups"),
+    "speedup_p75": (float, "third quartile"),
+    "speedup_min": (float, "smallest per-run speedup"),
+    "speedup_max": (float, "largest per-run speedup"),
+    "draft_time_share": (float, "rounds x measured draft time / decode time"),
+    "verify_time_share": (float, "rounds x measured verify time / decode time"),
+    "t1_ms": (float, "plain decode step (decode time / steps)"),
+    "verify_ms": (float, "target pass over 1+D tokens, timed alone at this batch's state"),
+    "draft_ms": (float, "drafter propose + commit, timed alone"),
+    "predicted_speedup": (float, "AL * T(1) / (T(1+D) + T_draft)"),
+    "baseline_fraction_of_roofline": (float, "plain step rate B/T(1) over the bandwidth roofline"),
+    "same_as_plain": ((bool, type(None)), "greedy: every output equals plain decoding; else null"),
+}
 
 
-def _spec_config(drafter: str, d: int, layers: int | None) -> SpeculativeConfig:
+def spec_config(drafter: str, d: int, layer_skip_layers: int | None = None) -> SpeculativeConfig:
   cfg = {"method": drafter, "num_speculative_tokens": d}
-  if drafter.replace("-", "_") == "layer_skip" and layers:
-    cfg["num_layers"] = layers
+  if drafter.replace("-", "_") == "layer_skip" and layer_skip_layers:
+    cfg["num_layers"] = layer_skip_layers
   return SpeculativeConfig.from_dict(cfg)
 
 
-def run(loaded, drafters=("ngram", "layer_skip"), num_draft=(1, 2, 3, 5, 7), batch_sizes=(1, 4),
-        max_new_tokens=64, repeats=5, temperature=0.0, layer_skip_layers=None, progress=None) -> dict:
+def batches(rows: list, b: int) -> list[list]:
+  """Consecutive groups of b rows; the last group is filled up by cycling from the start."""
+  n = math.ceil(len(rows) / b)
+  return [[rows[(i * b + j) % len(rows)] for j in range(b)] for i in range(n)]
+
+
+class _Acc:
+  """Sums over runs of one (config, batch size, category)."""
+
+  def __init__(self, d):
+    self.rounds = self.emitted = self.tokens = self.base_tokens = self.steps = 0
+    self.decode_s = self.base_decode_s = self.base_steps_s = 0.0
+    self.base_steps = 0
+    self.accepted_at = [0] * d
+    self.ratios, self.same, self.prompts = [], [], set()
+    self.parts = None            # (t_verify, t_draft) seconds, timed once
+
+  def add(self, out, base, prompt_ids):
+    self.rounds += out.rounds
+    self.emitted += out.emitted
+    self.accepted_at = [a + b for a, b in zip(self.accepted_at, out.accepted_at)]
+    self.tokens += sum(max(len(t) - 1, 0) for t in out.token_ids)
+    self.decode_s += out.decode_s
+    self.steps += out.steps
+    self.base_tokens += sum(max(len(t) - 1, 0) for t in base.token_ids)
+    self.base_decode_s += base.decode_s
+    self.base_steps += max(len(t) for t in base.token_ids) - 1
+    self.ratios.append(out.decode_tokens_per_s / base.decode_tokens_per_s)
+    self.same.append(out.token_ids == base.token_ids)
+    self.prompts.update(prompt_ids)
+
+
+def _record(key, acc: _Acc, parts_by_cat: dict, roofline: float, temperature: float) -> dict:
+  drafter, d, b, category = key
+  t1 = acc.base_decode_s / max(acc.base_steps, 1)
+  # step-weighted over the categories pooled in this record (one category unless "all")
+  t_verify = sum(s * v for s, v, _ in parts_by_cat) / max(sum(s for s, _, _ in parts_by_cat), 1)
+  t_draft = sum(s * dr for s, _, dr in parts_by_cat) / max(sum(s for s, _, _ in parts_by_cat), 1)
+  al = acc.emitted / max(acc.rounds, 1)
+  spread = stats.spread(acc.ratios)
+  return dict(
+      drafter=drafter, num_draft=d, batch_size=b, temperature=float(temperature),
+      category=category, num_prompts=len(acc.prompts), num_runs=len(acc.ratios),
+      generated_tokens=acc.tokens, acceptance_length=al,
+      per_position_acceptance=[a / max(acc.rounds, 1) for a in acc.accepted_at],
+      tokens_per_s=acc.tokens / acc.decode_s, baseline_tokens_per_s=acc.base_tokens / acc.base_decode_s,
+      speedup=spread["median"], speedup_p25=spread["p25"], speedup_p75=spread["p75"],
+      speedup_min=spread["min"], speedup_max=spread["max"],
+      draft_time_share=acc.steps * t_draft / acc.decode_s,
+      verify_time_share=acc.steps * t_verify / acc.decode_s,
+      t1_ms=1e3 * t1, verify_ms=1e3 * t_verify, draft_ms=1e3 * t_draft,
+      predicted_speedup=cost_model.predicted_speedup(max(al, 1.0), t1, t_verify, t_draft),
+      baseline_fraction_of_roofline=(b / t1) / roofline,
+      same_as_plain=all(acc.same) if temperature == 0 else None)
+
+
+def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_draft=(1, 3, 7),
+        batch_sizes=(1, 4), temperature=0.0, max_new_tokens=128, repeats=1, ignore_eos=False,
+        layer_skip_layers=None, seed=0, progress: bool = True) -> dict:
+  from tqdm import tqdm
+
   tok = loaded.tokenizer
-  prompts = {c: [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in ps]
-             for c, ps in CATEGORIES.items()}
-  plain = Decoder(loaded.model, eos_ids=tok.eos_ids)
-  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos=False)
+  by_cat = defaultdict(list)
+  for p in prompts:
+    by_cat[p.category].append((p.id, tok.encode(tok.apply_chat_template(list(p.messages)))))
+  configs = [(dr, d) for dr in drafters for d in num_draft]
+  # validate every configuration before any model work
+  spec_cfgs = {c: spec_config(c[0], c[1], layer_skip_layers) for c in configs}
+  plain_dec = Decoder(loaded.model, eos_ids=tok.eos_ids)
+  specs = {c: SpecDecoder(loaded.model, cfg, eos_ids=tok.eos_ids,
+                          draft_model=loaded.model if cfg.method == "draft_model" else None)
+           for c, cfg in spec_cfgs.items()}
+  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos=not ignore_eos)
+  plan = {b: {cat: batches(rows, b) for cat, rows in by_cat.items()} for b in batch_sizes}
+  total = sum(len(bs) for per_b in plan.values() for bs in per_b.values()) * repeats * (1 + len(configs))
+  bar = tqdm(total=total, desc="jspec bench", unit="run", file=sys.stderr, disable=not progress)
+  bandwidths = [plain.measure_bandwidth(repeats=3)]
+  accs, parts, timed, cache_lens = {}, {}, {}, defaultdict(list)
+  for b in batch_sizes:
+    first = next(iter(plan[b].values()))[0]
+    ids = [r[1] for r in first]
+    plain_dec.generate(ids, seed=seed, **kw)          # warm-up (and compile) everything at B
+    for c in configs:
+      specs[c].generate(ids, seed=seed, **kw)
+    bandwidths.append(plain.measure_bandwidth(repeats=3))
+    for cat, bs in plan[b].items():
+      for i, batch in enumerate(bs):
+        ids = [r[1] for r in batch]
+        cache_lens[(b, cat)].append(bucket(max(map(len, ids))) + max_new_tokens)
+        for r in range(repeats):
+          order = configs if (i + r) % 2 == 0 else configs[::-1]
+          base = plain_dec.generate(ids, seed=seed + r, **kw)
+          bar.update()
+          for c in order:
+            out = specs[c].generate(ids, seed=seed + r, **kw)
+            bar.update()
+            key = (c[0], c[1], b, cat)
+            accs.setdefault(key, _Acc(c[1])).add(out, base, [row[0] for row in batch])
+        for c in configs:                 # component times at this category's shapes, once each
+          if (c, b, cat) not in parts:
+            state, params = specs[c].prefill(ids, seed=seed, **kw)
+            vkey = (b, c[1], state.tokens.shape, specs[c].drafter.target_taps)
+            dkey = (c, b, state.tokens.shape)
+            if dkey not in timed:
+              timed[dkey] = time_draft(specs[c], state, params)
+            if vkey not in timed:
+              timed[vkey] = time_verify(specs[c], state)
+            parts[(c, b, cat)] = (timed[vkey], timed[dkey])
+  bar.close()
+  bw = statistics.median(bandwidths)
   results = []
-  for drafter in drafters:
-    for d in num_draft:
-      spec = SpecDecoder(loaded.model, _spec_config(drafter, d, layer_skip_layers),
-                         eos_ids=tok.eos_ids)
-      for b in batch_sizes:
-        for cat, ps in prompts.items():
-          batch = [ps[i % len(ps)] for i in range(b)]
-          base_out = plain.generate(batch, seed=0, **kw)        # warm-up (and compile) both
-          spec.generate(batch, seed=0, **kw)
-          ratios, base_rates, spec_rates, outs = [], [], [], []
-          for r in range(repeats):
-            base_out = plain.generate(batch, seed=r, **kw)
-            out = spec.generate(batch, seed=r, **kw)
-            base_rates.append(base_out.tokens_per_s)
-            spec_rates.append(out.tokens_per_s)
-            ratios.append(out.tokens_per_s / base_out.tokens_per_s)
-            outs.append((out, base_out))
-          out = outs[-1][0]
-          results.append(dict(
-              drafter=drafter, num_draft=d, batch_size=b, temperature=temperature, category=cat,
-              max_new_tokens=max_new_tokens, repeats=repeats,
-              acceptance_length=out.acceptance_length,
-              per_position_acceptance=out.per_position_acceptance,
-              tokens_per_s=statistics.median(spec_rates),
-              baseline_tokens_per_s=statistics.median(base_rates),
-              speedup=statistics.median(ratios), speedup_min=min(ratios), speedup_max=max(ratios),
-              same_as_plain=(all(o.token_ids == bo.token_ids for o, bo in outs)
-                             if temperature == 0 else None)))
-          if progress:
-            progress(results[-1])
-  return dict(model=loaded.name, results=results)
+  for c in configs:
+    for b in batch_sizes:
+      total_acc = _Acc(c[1])
+      pooled = []
+      for cat in plan[b]:
+        acc = accs[(c[0], c[1], b, cat)]
+        roofline = b * bw / plain.step_bytes(plain_dec, b, statistics.median(cache_lens[(b, cat)]))
+        v, dr = parts[(c, b, cat)]
+        results.append(_record((c[0], c[1], b, cat), acc, [(acc.steps, v, dr)], roofline,
+                               temperature))
+        pooled.append((acc.steps, v, dr))
+        _merge(total_acc, acc)
+      all_len = statistics.median(sum((cache_lens[(b, cat)] for cat in plan[b]), []))
+      roofline = b * bw / plain.step_bytes(plain_dec, b, all_len)
+      results.append(_record((c[0], c[1], b, "all"), total_acc, pooled, roofline, temperature))
+  return dict(schema=SCHEMA, model=loaded.name, backend=jax.default_backend(),
+              device=str(jax.devices()[0]), dtype=str(plain_dec.weights_dtype),
+              jax_version=jax.__version__, bandwidth_gb_s=bw / 1e9,
+              settings=dict(drafters=list(drafters), num_draft=list(num_draft),
+                            batch_sizes=list(batch_sizes), temperature=temperature,
+                            max_new_tokens=max_new_tokens, repeats=repeats, ignore_eos=ignore_eos,
+                            layer_skip_layers=layer_skip_layers, seed=seed,
+                            categories=list(by_cat), num_prompts=len(prompts)),
+              results=results)
 
 
-def markdown(report: dict) -> str:
-  lines = ["| drafter | D | B | category | AL | speedup (min–max) | spec tok/s | plain tok/s | same |",
-           "|---|---|---|---|---|---|---|---|---|"]
+def _merge(into: _Acc, acc: _Acc) -> None:
+  for name in ("rounds", "emitted", "tokens", "base_tokens", "steps", "decode_s", "base_decode_s",
+               "base_steps"):
+    setattr(into, name, getattr(into, name) + getattr(acc, name))
+  into.accepted_at = [a + b for a, b in zip(into.accepted_at, acc.accepted_at)]
+  into.ratios += acc.ratios
+  into.same += acc.same
+  into.prompts |= acc.prompts
+
+
+def check_record(rec: dict) -> None:
+  """Raises ValueError unless `rec` has exactly RECORD_FIELDS with their types."""
+  if set(rec) != set(RECORD_FIELDS):
+    raise ValueError(f"record fields differ: missing {sorted(set(RECORD_FIELDS) - set(rec))}, "
+                     f"extra {sorted(set(rec) - set(RECORD_FIELDS))}")
+  for name, (typ, _) in RECORD_FIELDS.items():
+    if not isinstance(rec[name], typ) or (typ is int and isinstance(rec[name], bool)):
+      raise ValueError(f"record field {name!r} should be {typ}, got {type(rec[name]).__name__}")
+
+
+def markdown(report: dict, categories: bool = True) -> str:
+  lines = ["| drafter | D | B | category | AL | speedup median (p25–p75) | predicted | spec tok/s | "
+           "plain tok/s | draft / verify time | same as plain |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in report["results"]:
-    lines.append(f"| {r['drafter']} | {r['num_draft']} | {r['batch_size']} | {r['category']} | "
-                 f"{r['acceptance_length']:.2f} | {r['speedup']:.2f} ({r['speedup_min']:.2f}–"
-                 f"{r['speedup_max']:.2f}) | {r['tokens_per_s']:.1f} | "
-                 f"{r['baseline_tokens_per_s']:.1f} | {r['same_as_plain']} |")
+    if not categories and r["category"] != "all":
+      continue
+    same = "—" if r["same_as_plain"] is None else ("yes" if r["same_as_plain"] else "NO")
+    lines.append(
+        f"| {r['drafter']} | {r['num_draft']} | {r['batch_size']} | {r['category']} | "
+        f"{r['acceptance_length']:.2f} | {r['speedup']:.2f} ({r['speedup_p25']:.2f}–"
+        f"{r['speedup_p75']:.2f}) | {r['predicted_speedup']:.2f} | {r['tokens_per_s']:.1f} | "
+        f"{r['baseline_tokens_per_s']:.1f} | {100 * r['draft_time_share']:.0f}% / "
+        f"{100 * r['verify_time_share']:.0f}% | {same} |")
   return "\n".join(lines)

@@ -19,6 +19,8 @@ from pallas_kernels.verify_attention import (choose_impl, paged_verify_attention
                                              paged_verify_attention_reference, verify_attention,
                                              verify_attention_reference)
 
+INTERPRET = jax.default_backend() != "gpu"   # the compiled kernels on a GPU, else interpret mode
+
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}   # bf16: probabilities rounded before P @ V
 # Jitted: one compile per shape instead of one per eager op (the file must stay fast on 2 cores).
 reference = jax.jit(verify_attention_reference)
@@ -97,7 +99,7 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("b,t,g,kvh,s,dh,lengths,tree,dtype,block_k,num_splits", KERNEL_CASES)
 def test_kernel_matches_reference(b, t, g, kvh, s, dh, lengths, tree, dtype, block_k, num_splits):
   q, k, v, lengths, tm = make_inputs(b, t, g * kvh, kvh, s, dh, lengths, dtype=dtype, tree=tree)
-  out = verify_attention(q, k, v, lengths, tm, impl="pallas", interpret=True, block_k=block_k,
+  out = verify_attention(q, k, v, lengths, tm, impl="pallas", interpret=INTERPRET, block_k=block_k,
                          num_splits=num_splits)
   assert out.shape == q.shape and out.dtype == q.dtype
   assert_close(out, reference(q, k, v, lengths, tm), dtype)
@@ -106,7 +108,7 @@ def test_kernel_matches_reference(b, t, g, kvh, s, dh, lengths, tree, dtype, blo
 def test_split_kv_equals_no_split():
   # 3 splits over uneven prefixes (7 and 1 blocks of 16): some splits get no prefix block at all.
   q, k, v, lengths, tm = make_inputs(2, 3, 8, 2, 128, 16, [101, 9], tree=True, seed=1)
-  run = lambda n: verify_attention(q, k, v, lengths, tm, impl="pallas", interpret=True,
+  run = lambda n: verify_attention(q, k, v, lengths, tm, impl="pallas", interpret=INTERPRET,
                                    block_k=16, num_splits=n)
   split = run(3)
   np.testing.assert_allclose(np.asarray(split), np.asarray(run(1)), atol=1e-6)
@@ -116,7 +118,7 @@ def test_split_kv_equals_no_split():
 def test_kernel_gives_zeros_to_a_row_that_sees_nothing():
   q, k, v, _, _ = make_inputs(1, 2, 2, 1, 16, 16, [0])
   tm = jnp.asarray([[[False, False], [True, True]]])
-  out = verify_attention(q, k, v, jnp.asarray([0]), tm, impl="pallas", interpret=True)
+  out = verify_attention(q, k, v, jnp.asarray([0]), tm, impl="pallas", interpret=INTERPRET)
   np.testing.assert_array_equal(np.asarray(out[0, 0]), 0.0)
   assert_close(out[0, 1], reference(q, k, v, jnp.asarray([0]), tm)[0, 1],
                jnp.float32)
@@ -146,7 +148,7 @@ def test_paged_equals_contiguous(t, g, page_size, lengths, tree, block_k, num_sp
       np.asarray(paged_reference(q, k_pages, v_pages, tables, lengths, tm)),
       np.asarray(want))
   out = paged_verify_attention(q, k_pages, v_pages, tables, lengths, tm, impl="pallas",
-                               interpret=True, block_k=block_k, num_splits=num_splits)
+                               interpret=INTERPRET, block_k=block_k, num_splits=num_splits)
   assert_close(out, want, jnp.float32)
 
 
@@ -161,7 +163,7 @@ def test_kernel_rejects_configs_a_gpu_cannot_run(kwargs, shape, match):
   b, t, hq, kvh, s, dh = shape or (1, 2, 4, 2, 64, 16)
   q, k, v, lengths, _ = make_inputs(b, t, hq, kvh, s, dh, [5])
   with pytest.raises(ValueError, match=match):
-    verify_attention(q, k, v, lengths, impl="pallas", interpret=True, **kwargs)
+    verify_attention(q, k, v, lengths, impl="pallas", interpret=INTERPRET, **kwargs)
 
 
 # Lowering for CUDA runs Pallas' Triton lowering (its power-of-two and op-support checks) without a
@@ -198,7 +200,7 @@ def test_paged_kernel_rejects_odd_page_size():
   k_pages = k.reshape(2, 12, 1, 16)
   with pytest.raises(ValueError, match="page_size must be a power of two"):
     paged_verify_attention(q, k_pages, k_pages, jnp.asarray([[0, 1]]), lengths, impl="pallas",
-                           interpret=True)
+                           interpret=INTERPRET)
 
 
 def test_api_validates_inputs():

@@ -1,0 +1,70 @@
+"""Times the two parts of a speculative round on a real post-prefill state: the target's verify
+pass over 1+D tokens and the drafter's propose + commit (for the cost model and time shares)."""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.decode import row_keys
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "taps"), donate_argnames=("cache",))
+def _verify(graphdef, weights, cache, block, taps):
+  out = nnx.merge(graphdef, weights)(block, cache, taps=taps)
+  return out.logits, out.cache, out.hidden
+
+
+@functools.partial(jax.jit, static_argnames=("drafter",), donate_argnames=("dstate",))
+def _draft(drafter, params, dstate, ctx, keys):
+  draft, dstate = drafter.propose(params, dstate, ctx, keys)
+  return draft, drafter.commit(params, dstate, ctx)
+
+
+def _median_time(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())            # compile and warm up
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
+def time_verify(spec, state, repeats: int = 5) -> float:
+  """Median seconds of the target's pass over 1+D tokens at `state` (its cache is consumed).
+
+  The cache is donated and fed back, so that no call pays for a copy the real round never makes."""
+  d = spec.num_draft
+  slots = jnp.clip(state.length[:, None] - 1 + jnp.arange(d + 1)[None, :], 0,
+                   state.tokens.shape[1] - 1)
+  block = jnp.take_along_axis(state.tokens, slots, axis=1)                      # [B, 1+D]
+  lengths = np.asarray(state.cache.lengths)      # host copy: the device one is donated
+  box = {"cache": state.cache}
+
+  def verify():
+    logits, cache, _ = _verify(spec.graphdef, spec.weights, box["cache"], block,
+                               spec.drafter.target_taps)
+    box["cache"] = cache.with_lengths(jnp.asarray(lengths))
+    return logits
+
+  return _median_time(verify, repeats)
+
+
+def time_draft(spec, state, params, repeats: int = 5) -> float:
+  """Median seconds of the drafter's propose + commit at `state` (its drafter state is consumed)."""
+  ctx = state.context(params)
+  keys = row_keys(0, state.tokens.shape[0])
+  box = {"dstate": state.drafter_state}
+
+  def draft():
+    out, box["dstate"] = _draft(spec.drafter, spec.drafter_params, box["dstate"], ctx, keys)
+    return out
+
+  return _median_time(draft, repeats)

@@ -1,0 +1,143 @@
+"""`jspec bench` end to end on a tiny random model: the record schema, pooled statistics, and
+properties the numbers must have (a self-draft accepts everything; greedy equals plain)."""
+
+import json
+import math
+import os
+import types
+
+import pytest
+from flax import nnx
+
+from jspec import cli
+from jspec.bench import plots, speedup, suite
+from models import Llama, LlamaConfig
+
+CFG = LlamaConfig.tiny()
+
+
+class CharTokenizer:
+  """Characters to ids below the tiny vocabulary; enough for the harness."""
+  eos_ids = (0,)
+
+  def apply_chat_template(self, messages):
+    return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+  def encode(self, text):
+    return [1 + ord(ch) % (CFG.vocab_size - 1) for ch in text]
+
+
+@pytest.fixture(scope="module")
+def loaded():
+  return types.SimpleNamespace(model=Llama(CFG, rngs=nnx.Rngs(3)), tokenizer=CharTokenizer(),
+                               name="tiny-random")
+
+
+PROMPTS = suite.parse([json.dumps(dict(id=f"{c}{i}", category=c, prompt=text * (i + 1)))
+                       for c, text in (("echo", "abc "), ("chat", "sky? "))
+                       for i in range(5, 8)])        # 37..52 tokens: one padded shape
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def report(loaded):
+  return speedup.run(loaded, PROMPTS, drafters=("ngram", "draft-model"), num_draft=(1, 3),
+                     batch_sizes=(1, 2), max_new_tokens=MAX_NEW, ignore_eos=True, progress=False)
+
+
+def test_every_record_follows_the_schema(report):
+  rows = report["results"]
+  assert len(rows) == 2 * 2 * 2 * 3            # drafters x D x B x (2 categories + "all")
+  for r in rows:
+    speedup.check_record(r)
+    assert r["speedup_min"] <= r["speedup_p25"] <= r["speedup"] <= r["speedup_p75"] \
+        <= r["speedup_max"]
+    assert len(r["per_position_acceptance"]) == r["num_draft"]
+    # a draft position is accepted only if every earlier one is: the curve cannot rise
+    ppa = r["per_position_acceptance"]
+    assert all(a >= b for a, b in zip(ppa, ppa[1:]))
+    assert r["same_as_plain"] is True           # greedy: lossless means identical
+  json.loads(json.dumps(report))
+  assert report["schema"] == speedup.SCHEMA
+
+
+def test_runs_and_pooling(report):
+  for r in report["results"]:
+    b, cat = r["batch_size"], r["category"]
+    per_cat = math.ceil(3 / b)
+    assert r["num_runs"] == (2 * per_cat if cat == "all" else per_cat)
+    assert r["num_prompts"] == (6 if cat == "all" else 3)
+    assert r["generated_tokens"] == r["num_runs"] * b * (MAX_NEW - 1)
+
+
+def test_self_draft_accepts_every_token(report):
+  """The target drafting for itself (greedy): every position accepted, and rounds of D+1 tokens
+  until the last, which max_new_tokens truncates."""
+  for r in report["results"]:
+    if r["drafter"] == "draft-model":
+      d = r["num_draft"]
+      assert r["per_position_acceptance"] == [1.0] * d
+      assert r["acceptance_length"] == pytest.approx((MAX_NEW - 1) / math.ceil((MAX_NEW - 1) / (d + 1)))
+
+
+def test_cost_model_fields_are_consistent(report):
+  for r in report["results"]:
+    expect = r["acceptance_length"] * r["t1_ms"] / (r["verify_ms"] + r["draft_ms"])
+    assert r["predicted_speedup"] == pytest.approx(expect)
+    assert r["verify_ms"] > 0 and r["draft_ms"] >= 0 and r["t1_ms"] > 0
+
+
+def test_sampled_runs_report_no_identity(loaded):
+  rep = speedup.run(loaded, PROMPTS[:3], drafters=("ngram",), num_draft=(2,), batch_sizes=(2,),
+                    temperature=0.8, max_new_tokens=8, progress=False)
+  assert {r["same_as_plain"] for r in rep["results"]} == {None}
+  for r in rep["results"]:
+    speedup.check_record(r)
+
+
+def test_check_record_rejects_drift(report):
+  rec = dict(report["results"][0])
+  del rec["speedup_p25"]
+  with pytest.raises(ValueError, match="missing \\['speedup_p25'\\]"):
+    speedup.check_record(rec)
+  rec = dict(report["results"][0], num_draft=1.0)
+  with pytest.raises(ValueError, match="num_draft"):
+    speedup.check_record(rec)
+
+
+def test_markdown_and_plots(report, tmp_path):
+  table = speedup.markdown(report).splitlines()
+  assert len(table) == 2 + len(report["results"])
+  assert len(speedup.markdown(report, categories=False).splitlines()) == 2 + 8
+  import matplotlib.image
+  paths = plots.save_all(report, str(tmp_path))
+  assert sorted(os.path.basename(p) for p in paths) == [
+      "acceptance_length_vs_d.png", "cost_model.png", "per_position_acceptance.png",
+      "speedup_vs_d.png"]
+  for p in paths:
+    assert matplotlib.image.imread(p).shape[0] > 200
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-draft", "0"], "--num-draft values must be >= 1"),
+    (["--batch-size", "a"], "--batch-size takes comma-separated integers"),
+    (["--drafters", "eagle9"], "method"),
+    (["--temperature", "-1"], "temperature"),
+    (["--categories", "nope"], "no prompts of category ['nope']"),
+])
+def test_cli_rejects_bad_input_before_loading(argv, message, tmp_path, monkeypatch):
+  f = tmp_path / "p.jsonl"
+  f.write_text(json.dumps(dict(id="a", category="x", prompt="p")) + "\n")
+  monkeypatch.setattr(cli, "_load", lambda name: pytest.fail("loaded a model"))
+  with pytest.raises(SystemExit) as e:
+    cli.main(["bench", "--prompts", str(f)] + argv)
+  assert message in str(e.value)
+
+
+def test_cli_names_the_bad_line(tmp_path, monkeypatch):
+  f = tmp_path / "p.jsonl"
+  f.write_text(json.dumps(dict(id="a", category="x", prompt="p")) + "\n{oops\n")
+  monkeypatch.setattr(cli, "_load", lambda name: pytest.fail("loaded a model"))
+  with pytest.raises(SystemExit) as e:
+    cli.main(["bench", "--prompts", str(f)])
+  assert f"{f}:2: not valid JSON" in str(e.value)
