@@ -136,8 +136,9 @@ def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable
     span = jnp.minimum(num_new, lax.div((tile + 1) * block_q - 1, group) + 1)
   else:
     span = num_new
-  chunks = jnp.where(split == num_splits - 1, pl.cdiv(span, block_new), 0)
-  acc, m, l = lax.fori_loop(0, chunks, new_step, carry)
+  # Both loop bounds int32 arrays: Triton's scf.for rejects mixed bound types (seen on jax 0.11).
+  chunks = jnp.where(split == num_splits - 1, pl.cdiv(span, block_new), 0).astype(jnp.int32)
+  acc, m, l = lax.fori_loop(jnp.int32(0), chunks, new_step, carry)
   seen_any = l > 0
   l = jnp.where(seen_any, l, 1.0)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
