@@ -115,14 +115,15 @@ def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable
     k, v = fetch_prefix(j)
     return update(carry, k, v, (cols < length)[None, :])
 
-  def new_step(c, carry):
+  def new_step(c, carry):   # causal: c is a loop index
     u = c * block_new + jnp.arange(block_new)
     k, v, exists = fetch_new(c)
-    if tm_ref is None:
-      seen = u[None, :] <= token[:, None]
-    else:
-      seen = tm_ref[:, pl.ds(pl.multiple_of(c * block_new, block_new), block_new)] != 0
-    return update(carry, k, v, seen & exists[None, :])
+    return update(carry, k, v, (u[None, :] <= token[:, None]) & exists[None, :])
+
+  def tree_step(c: int, carry, enabled):   # tree mask: c is static
+    k, v, exists = fetch_new(c)
+    seen = tm_ref[:, pl.ds(c * block_new, block_new)] != 0
+    return update(carry, k, v, seen & exists[None, :] & enabled)
 
   carry = (jnp.zeros((block_q, head_dim), jnp.float32),
            jnp.full((block_q,), _M_INIT, jnp.float32),
@@ -132,13 +133,15 @@ def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable
   per_split = pl.cdiv(num_blocks, num_splits)
   first = split * per_split
   carry = lax.fori_loop(first, jnp.minimum(first + per_split, num_blocks), prefix_step, carry)
+  # The new keys go to the last split only.
   if tm_ref is None:   # causal: this tile's last token sees no new key past itself
     span = jnp.minimum(num_new, lax.div((tile + 1) * block_q - 1, group) + 1)
-  else:
-    span = num_new
-  # Both loop bounds int32 arrays: Triton's scf.for rejects mixed bound types (seen on jax 0.11).
-  chunks = jnp.where(split == num_splits - 1, pl.cdiv(span, block_new), 0).astype(jnp.int32)
-  acc, m, l = lax.fori_loop(jnp.int32(0), chunks, new_step, carry)
+    chunks = jnp.where(split == num_splits - 1, pl.cdiv(span, block_new), 0)
+    acc, m, l = lax.fori_loop(0, chunks, new_step, carry)
+  else:   # unrolled: the tree's few chunks (a loop here failed Triton's scf.for check on jax 0.11)
+    for c in range(pl.cdiv(num_new, block_new)):
+      carry = tree_step(c, carry, split == num_splits - 1)
+    acc, m, l = carry
   seen_any = l > 0
   l = jnp.where(seen_any, l, 1.0)
   o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
