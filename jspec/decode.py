@@ -182,6 +182,10 @@ class Decoder:
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
     self._programs = {}   # (B, prompt bucket, buffer, eos) -> compiled (prefill, decode)
 
+  def clear_compiled(self) -> None:
+    """Drops the compiled programs (each shape's executables stay in memory until then)."""
+    self._programs.clear()
+
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 128,
                temperature=0.0, top_k=0, top_p=1.0, seed: int | Sequence[int] = 0,
                eos: bool = True) -> DecodeOutput:

@@ -81,6 +81,10 @@ class SpecDecoder:
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
     self._programs = {}
 
+  def clear_compiled(self) -> None:
+    """Drops the compiled programs (each shape's executables stay in memory until then)."""
+    self._programs.clear()
+
   @property
   def num_draft(self) -> int:
     return self.drafter.num_draft
