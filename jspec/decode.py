@@ -123,8 +123,10 @@ class DecodeOutput:
     return after_first / max(self.decode_s, 1e-9)
 
 
-def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: int):
-  """Validates token-id prompts and right-pads them to a bucketed length."""
+def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: int,
+                pad_to: int = 0):
+  """Validates token-id prompts and right-pads them to a bucketed length (at least `pad_to`, so
+  that callers can share one compiled shape across batches)."""
   if not prompts:
     raise ValueError("no prompts given")
   lens = []
@@ -138,17 +140,17 @@ def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: 
     if arr.min() < 0 or arr.max() >= vocab_size:
       raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
     lens.append(len(p))
-  width = bucket(max(lens))
+  width = max(bucket(max(lens)), pad_to)
   tokens = np.zeros((len(prompts), width), np.int32)
   for i, p in enumerate(prompts):
     tokens[i, :len(p)] = p
   return tokens, np.asarray(lens, np.int32)
 
 
-def validate_request(prompts, max_new_tokens, config):
+def validate_request(prompts, max_new_tokens, config, pad_to: int = 0):
   """Checks prompts and per-row limits against the model; returns (padded tokens, lengths,
   max_new [B]). Everything a user can get wrong fails here, before any compilation."""
-  tokens, lens = pad_prompts(prompts, config.max_position, config.vocab_size)
+  tokens, lens = pad_prompts(prompts, config.max_position, config.vocab_size, pad_to)
   b = len(prompts)
   max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
       if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
@@ -188,8 +190,8 @@ class Decoder:
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 128,
                temperature=0.0, top_k=0, top_p=1.0, seed: int | Sequence[int] = 0,
-               eos: bool = True) -> DecodeOutput:
-    tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config)
+               eos: bool = True, pad_to: int = 0) -> DecodeOutput:
+    tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config, pad_to)
     b = len(prompts)
     params = SamplingParams.make(b, temperature, top_k, top_p)
     buffer_len = int(max_new.max())

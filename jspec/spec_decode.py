@@ -89,8 +89,8 @@ class SpecDecoder:
   def num_draft(self) -> int:
     return self.drafter.num_draft
 
-  def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len):
-    tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config)
+  def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to=0):
+    tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config, pad_to)
     b = len(prompts)
     d = self.num_draft
     if max_len is None:
@@ -118,10 +118,10 @@ class SpecDecoder:
       self._programs[key] = (pre, gen)
     return self._programs[key]
 
-  def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len):
+  def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to):
     """Validates, compiles (timed apart) and returns the programs with the prefill's arguments."""
     tokens, lens, max_new, params, keys, max_len = self._prepare(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len)
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to)
     eos_ids = self.eos_ids if eos else ()
     t0 = time.perf_counter()
     pre, gen = self._compiled(tokens, lens, max_new, params, keys, max_len, eos_ids)
@@ -130,9 +130,10 @@ class SpecDecoder:
     return pre, gen, args, lens, params, time.perf_counter() - t0
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
-               top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None) -> SpecOutput:
+               top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None,
+               pad_to: int = 0) -> SpecOutput:
     pre, gen, args, lens, params, compile_s = self._start(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len)
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to)
     t1 = time.perf_counter()
     state = pre(*args)
     jax.block_until_ready(state)
@@ -144,11 +145,12 @@ class SpecDecoder:
 
   def prefill(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
               top_k=0, top_p=1.0, seed=0, eos: bool = True,
-              max_len: int | None = None) -> tuple[engine.SpecState, SamplingParams]:
+              max_len: int | None = None,
+              pad_to: int = 0) -> tuple[engine.SpecState, SamplingParams]:
     """The state after the prefill, as `generate` starts its rounds from it (for timing a round's
     parts, or driving rounds by hand with `engine.spec_round`)."""
     pre, _, args, _, params, _ = self._start(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len)
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to)
     return pre(*args), params
 
   def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,

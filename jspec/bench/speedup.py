@@ -132,12 +132,16 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
   specs = {c: SpecDecoder(loaded.model, cfg, eos_ids=tok.eos_ids,
                           draft_model=loaded.model if cfg.method == "draft_model" else None)
            for c, cfg in spec_cfgs.items()}
-  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos=not ignore_eos)
+  # One padded prompt shape for the whole run: one compile per (config, B) instead of per length
+  # bucket (the padding is attended over by plain and speculative runs alike).
+  pad_to = bucket(max(len(x) for rows in by_cat.values() for _, x in rows))
+  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature, eos=not ignore_eos,
+            pad_to=pad_to)
   plan = {b: {cat: batches(rows, b) for cat, rows in by_cat.items()} for b in batch_sizes}
   total = sum(len(bs) for per_b in plan.values() for bs in per_b.values()) * repeats * (1 + len(configs))
   bar = tqdm(total=total, desc="jspec bench", unit="run", file=sys.stderr, disable=not progress)
   bandwidths = [plain.measure_bandwidth(repeats=3)]
-  accs, parts, timed, cache_lens = {}, {}, {}, defaultdict(list)
+  accs, parts, timed = {}, {}, {}
   for b in batch_sizes:
     first = next(iter(plan[b].values()))[0]
     ids = [r[1] for r in first]
@@ -148,7 +152,6 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
     for cat, bs in plan[b].items():
       for i, batch in enumerate(bs):
         ids = [r[1] for r in batch]
-        cache_lens[(b, cat)].append(bucket(max(map(len, ids))) + max_new_tokens)
         for r in range(repeats):
           order = configs if (i + r) % 2 == 0 else configs[::-1]
           base = plain_dec.generate(ids, seed=seed + r, **kw)
@@ -168,27 +171,25 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
             if vkey not in timed:
               timed[vkey] = time_verify(specs[c], state)
             parts[(c, b, cat)] = (timed[vkey], timed[dkey])
-      # Executables of a 30-layer unrolled model are large: keep one category's at a time.
-      for dec in (plain_dec, *specs.values()):
-        dec.clear_compiled()
-      jax.clear_caches()
+    # Executables of a 30-layer unrolled model are large: keep one batch size's at a time.
+    for dec in (plain_dec, *specs.values()):
+      dec.clear_compiled()
+    jax.clear_caches()
   bar.close()
   bw = statistics.median(bandwidths)
   results = []
   for c in configs:
     for b in batch_sizes:
+      roofline = b * bw / plain.step_bytes(plain_dec, b, pad_to + max_new_tokens)
       total_acc = _Acc(c[1])
       pooled = []
       for cat in plan[b]:
         acc = accs[(c[0], c[1], b, cat)]
-        roofline = b * bw / plain.step_bytes(plain_dec, b, statistics.median(cache_lens[(b, cat)]))
         v, dr = parts[(c, b, cat)]
         results.append(_record((c[0], c[1], b, cat), acc, [(acc.steps, v, dr)], roofline,
                                temperature))
         pooled.append((acc.steps, v, dr))
         _merge(total_acc, acc)
-      all_len = statistics.median(sum((cache_lens[(b, cat)] for cat in plan[b]), []))
-      roofline = b * bw / plain.step_bytes(plain_dec, b, all_len)
       results.append(_record((c[0], c[1], b, "all"), total_acc, pooled, roofline, temperature))
   return dict(schema=SCHEMA, model=loaded.name, backend=jax.default_backend(),
               device=str(jax.devices()[0]), dtype=str(plain_dec.weights_dtype),
@@ -197,7 +198,8 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
                             batch_sizes=list(batch_sizes), temperature=temperature,
                             max_new_tokens=max_new_tokens, repeats=repeats, ignore_eos=ignore_eos,
                             layer_skip_layers=layer_skip_layers, seed=seed,
-                            categories=list(by_cat), num_prompts=len(prompts)),
+                            categories=list(by_cat), num_prompts=len(prompts),
+                            prompt_padding=pad_to),
               results=results)
 
 

@@ -141,3 +141,14 @@ def test_cli_names_the_bad_line(tmp_path, monkeypatch):
   with pytest.raises(SystemExit) as e:
     cli.main(["bench", "--prompts", str(f)])
   assert f"{f}:2: not valid JSON" in str(e.value)
+
+
+def test_padding_prompts_to_a_shared_shape_changes_no_token(loaded):
+  from jspec import Decoder, SpecDecoder
+  ids = [[5, 6, 7, 8, 9, 10, 11], [3, 4, 5]]
+  plain, spec = Decoder(loaded.model), SpecDecoder(loaded.model, {"method": "ngram",
+                                                                  "num_speculative_tokens": 2})
+  for dec in (plain, spec):
+    a = dec.generate(ids, max_new_tokens=6, temperature=0.7, seed=3)
+    b = dec.generate(ids, max_new_tokens=6, temperature=0.7, seed=3, pad_to=64)
+    assert a.token_ids == b.token_ids
