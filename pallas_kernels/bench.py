@@ -16,6 +16,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.timing import call_ms
 from pallas_kernels.verify_attention import api
 
 # KV cache of kv_len slots holding kv_len - T committed tokens plus the T new ones.
@@ -29,13 +30,7 @@ UNSPLIT = ((1, 1, 1), (4, 8, 1))
 
 def median_ms(fn, *args, repeats: int) -> tuple[float, float]:
   """(median, min) wall milliseconds of fn(*args) after two warm-up calls."""
-  for _ in range(2):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - start) * 1e3)
+  times = call_ms(fn, *args, repeats=repeats)
   return statistics.median(times), min(times)
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ import numpy as np
 
 from pallas_kernels.moe_gemm import kernel
 from pallas_kernels.moe_gemm.reference import gmm_reference
+from pallas_kernels.timing import call_ms
 
 SIZES = [(8, 4096, 2048, 2048), (8, 16384, 2048, 2048), (64, 16384, 2048, 2048)]   # (E, M, K, N)
 TILINGS = [kernel.Tiling(128, 128, 64, num_warps=4, num_stages=3),
@@ -24,13 +24,7 @@ QUICK_TILINGS = [kernel.Tiling(16, 16, 16, num_warps=4, num_stages=1)]
 
 def _median_ms(fn, args, repeats: int) -> tuple[float, float, float]:
   """(median, min, max) wall ms of fn(*args) after two warm-up calls."""
-  for _ in range(2):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append((time.perf_counter() - t0) * 1e3)
+  times = call_ms(fn, *args, repeats=repeats)
   return statistics.median(times), min(times), max(times)
 
 
