@@ -62,9 +62,9 @@ class SpecState:
   def done(self) -> jax.Array:
     return self.finish != RUNNING
 
-  def context(self, params: SamplingParams) -> Context:
+  def context(self, sampling: SamplingParams, num_new: jax.Array | None = None) -> Context:
     return Context(tokens=self.tokens, length=self.length, prompt_len=self.prompt_len,
-                   params=params, target_hidden=self.hidden)
+                   sampling=sampling, target_hidden=self.hidden, num_new=num_new)
 
 
 def _step_keys(keys: jax.Array, step: jax.Array, salt: int) -> jax.Array:
@@ -73,15 +73,17 @@ def _step_keys(keys: jax.Array, step: jax.Array, salt: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "max_len", "eos_ids"))
 def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
-                 prompt_len: jax.Array, max_new: jax.Array, params: SamplingParams,
+                 prompt_len: jax.Array, max_new: jax.Array, sampling: SamplingParams,
                  keys: jax.Array, *, max_len: int, eos_ids: tuple[int, ...]) -> SpecState:
-  """Prefills the target on the prompts, samples the first token, and initialises the drafter."""
+  """Prefills the target on the prompts, samples the first token, and initialises the drafter
+  (which sees the prompt's hidden taps)."""
   model = nnx.merge(graphdef, weights)
   b, p = prompt.shape
   dtype = jax.tree_util.tree_leaves(weights)[0].dtype
   cache = KVCache.init(model.config, b, max_len, dtype=dtype)
-  out = model(prompt, cache, num_new=prompt_len, logit_indices=(prompt_len - 1)[:, None])
-  first = sample(_step_keys(keys, jnp.int32(0), 0), out.logits[:, 0], params)
+  out = model(prompt, cache, num_new=prompt_len, logit_indices=(prompt_len - 1)[:, None],
+              taps=drafter.target_taps)
+  first = sample(_step_keys(keys, jnp.int32(0), 0), out.logits[:, 0], sampling)
   tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompt)
   rows = jnp.arange(b)
   tokens = tokens.at[rows, prompt_len].set(first, mode="drop")
@@ -97,7 +99,9 @@ def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
                     finish=finish, cache=out.cache, drafter_state=None, keys=keys,
                     round=jnp.zeros((), jnp.int32), hidden=_empty_hidden(model, b, drafter),
                     metrics=metrics)
-  dstate = drafter.init_state(drafter_params, prompt, state.context(params), max_len)
+  ctx = dataclasses.replace(state.context(sampling),
+                            target_hidden=tuple(h.astype(jnp.float32) for h in out.hidden))
+  dstate = drafter.init_state(drafter_params, prompt, ctx, max_len)
   return dataclasses.replace(state, drafter_state=dstate)
 
 
@@ -106,7 +110,7 @@ def _empty_hidden(model, b, drafter):
   return tuple(jnp.zeros((b, drafter.num_draft + 1, h), jnp.float32) for _ in drafter.target_taps)
 
 
-def round_step(model, drafter, drafter_params, state: SpecState, params: SamplingParams,
+def round_step(model, drafter, drafter_params, state: SpecState, sampling: SamplingParams,
                eos_ids: tuple[int, ...]) -> SpecState:
   """One speculative round (traceable; `spec_round` and `spec_generate` jit it)."""
   b, s = state.tokens.shape
@@ -114,7 +118,7 @@ def round_step(model, drafter, drafter_params, state: SpecState, params: Samplin
   rows = jnp.arange(b)
   live = ~state.done
   step = state.round + 1
-  ctx = state.context(params)
+  ctx = state.context(sampling)
 
   # 1. draft
   draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx,
@@ -127,7 +131,7 @@ def round_step(model, drafter, drafter_params, state: SpecState, params: Samplin
   out = model(block, state.cache, taps=drafter.target_taps)                       # [B, D+1, V]
 
   # 3. accept: rejection sampling against the same processed p plain sampling uses
-  n_acc, new = verify(_step_keys(state.keys, step, 2), out.logits, params, draft.tokens, draft.q,
+  n_acc, new = verify(_step_keys(state.keys, step, 2), out.logits, sampling, draft.tokens, draft.q,
                       draft_len)
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
@@ -158,22 +162,23 @@ def round_step(model, drafter, drafter_params, state: SpecState, params: Samplin
       state, tokens=tokens, length=length, finish=finish, round=step,
       cache=out.cache.with_lengths(jnp.maximum(length - 1, 0)), drafter_state=dstate,
       hidden=tuple(h.astype(jnp.float32) for h in out.hidden), metrics=metrics)
-  dstate = drafter.commit(drafter_params, state.drafter_state, state.context(params))
+  dstate = drafter.commit(drafter_params, state.drafter_state, state.context(sampling, n_emit))
   return dataclasses.replace(state, drafter_state=dstate)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))
 def spec_round(graphdef, weights, drafter, drafter_params, state: SpecState,
-               params: SamplingParams, *, eos_ids: tuple[int, ...]) -> SpecState:
+               sampling: SamplingParams, *, eos_ids: tuple[int, ...]) -> SpecState:
   """One jitted round, for host-driven loops (streaming)."""
-  return round_step(nnx.merge(graphdef, weights), drafter, drafter_params, state, params, eos_ids)
+  return round_step(nnx.merge(graphdef, weights), drafter, drafter_params, state, sampling,
+                    eos_ids)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))
 def spec_generate(graphdef, weights, drafter, drafter_params, state: SpecState,
-                  params: SamplingParams, *, eos_ids: tuple[int, ...]) -> SpecState:
+                  sampling: SamplingParams, *, eos_ids: tuple[int, ...]) -> SpecState:
   """Rounds until every row is done, on device."""
   model = nnx.merge(graphdef, weights)
   return jax.lax.while_loop(
       lambda s: ~jnp.all(s.done),
-      lambda s: round_step(model, drafter, drafter_params, s, params, eos_ids), state)
+      lambda s: round_step(model, drafter, drafter_params, s, sampling, eos_ids), state)

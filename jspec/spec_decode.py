@@ -14,8 +14,6 @@ from flax import nnx
 from jspec import engine
 from jspec.config import SpeculativeConfig
 from jspec.decode import DecodeOutput, row_keys, validate_request
-from jspec.drafters.draft_model import DraftModelDrafter, layer_skip_model
-from jspec.drafters.ngram import NgramDrafter
 from jspec.sampling import SamplingParams
 from models.llama import Llama
 
@@ -47,25 +45,9 @@ class SpecOutput(DecodeOutput):
 
 
 def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama | None = None):
-  """Returns (drafter, drafter_params) for a config."""
-  d = config.num_speculative_tokens
-  if config.method == "ngram":
-    return NgramDrafter(d, config.prompt_lookup_min, config.prompt_lookup_max), None
-  if config.method == "layer_skip":
-    k = config.num_layers or max(1, target.config.num_layers // 4)
-    return DraftModelDrafter.from_model(layer_skip_model(target, k), d,
-                                        sample=config.draft_sampling)
-  if draft_model is None:
-    if config.draft_model is None:
-      raise ValueError("method 'draft_model' needs draft_model (a model name or path, or pass "
-                       "the loaded model as draft_model=)")
-    import models
-    draft_model = models.load(config.draft_model, quiet=True).model
-  if draft_model.config.vocab_size != target.config.vocab_size:
-    raise ValueError(f"draft model vocabulary ({draft_model.config.vocab_size}) differs from the "
-                     f"target's ({target.config.vocab_size}); a draft model must share the "
-                     "target's tokenizer")
-  return DraftModelDrafter.from_model(draft_model, d, sample=config.draft_sampling)
+  """Returns (drafter, drafter_params) for a config, through the method's registry entry."""
+  return config.entry.build(config.options, config.num_speculative_tokens, target,
+                            draft_model=draft_model)
 
 
 class SpecDecoder:
@@ -101,44 +83,44 @@ class SpecDecoder:
                        "or lower num_speculative_tokens")
     if tokens.shape[1] > max_len:
       tokens = tokens[:, :max_len]
-    params = SamplingParams.make(b, temperature, top_k, top_p)
-    return tokens, lens, max_new, params, row_keys(seed, b), int(max_len)
+    sampling = SamplingParams.make(b, temperature, top_k, top_p)
+    return tokens, lens, max_new, sampling, row_keys(seed, b), int(max_len)
 
-  def _compiled(self, tokens, lens, max_new, params, keys, max_len, eos_ids):
+  def _compiled(self, tokens, lens, max_new, sampling, keys, max_len, eos_ids):
     key = (tokens.shape, max_len, eos_ids)
     if key not in self._programs:
       args = (self.weights, self.drafter, self.drafter_params, jnp.asarray(tokens),
-              jnp.asarray(lens), jnp.asarray(max_new), params, keys)
+              jnp.asarray(lens), jnp.asarray(max_new), sampling, keys)
       lowered = engine.spec_prefill.lower(self.graphdef, *args, max_len=max_len, eos_ids=eos_ids)
       pre = lowered.compile()
       state = lowered.out_info   # the SpecState's shapes, to compile the loop ahead of time too
       gen = engine.spec_generate.lower(self.graphdef, self.weights, self.drafter,
-                                       self.drafter_params, state, params,
+                                       self.drafter_params, state, sampling,
                                        eos_ids=eos_ids).compile()
       self._programs[key] = (pre, gen)
     return self._programs[key]
 
   def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to):
     """Validates, compiles (timed apart) and returns the programs with the prefill's arguments."""
-    tokens, lens, max_new, params, keys, max_len = self._prepare(
+    tokens, lens, max_new, sampling, keys, max_len = self._prepare(
         prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to)
     eos_ids = self.eos_ids if eos else ()
     t0 = time.perf_counter()
-    pre, gen = self._compiled(tokens, lens, max_new, params, keys, max_len, eos_ids)
+    pre, gen = self._compiled(tokens, lens, max_new, sampling, keys, max_len, eos_ids)
     args = (self.weights, self.drafter_params, jnp.asarray(tokens), jnp.asarray(lens),
-            jnp.asarray(max_new), params, keys)
-    return pre, gen, args, lens, params, time.perf_counter() - t0
+            jnp.asarray(max_new), sampling, keys)
+    return pre, gen, args, lens, sampling, time.perf_counter() - t0
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
                top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None,
                pad_to: int = 0) -> SpecOutput:
-    pre, gen, args, lens, params, compile_s = self._start(
+    pre, gen, args, lens, sampling, compile_s = self._start(
         prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to)
     t1 = time.perf_counter()
     state = pre(*args)
     jax.block_until_ready(state)
     t2 = time.perf_counter()
-    state = gen(self.weights, self.drafter_params, state, params)
+    state = gen(self.weights, self.drafter_params, state, sampling)
     jax.block_until_ready(state)
     t3 = time.perf_counter()
     return self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=compile_s)
@@ -149,20 +131,20 @@ class SpecDecoder:
               pad_to: int = 0) -> tuple[engine.SpecState, SamplingParams]:
     """The state after the prefill, as `generate` starts its rounds from it (for timing a round's
     parts, or driving rounds by hand with `engine.spec_round`)."""
-    pre, _, args, _, params, _ = self._start(
+    pre, _, args, _, sampling, _ = self._start(
         prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to)
-    return pre(*args), params
+    return pre(*args), sampling
 
   def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
              top_k=0, top_p=1.0, seed=0, eos: bool = True,
              max_len: int | None = None) -> Iterator[list[list[int]]]:
     """Yields, after the prefill and after every round, the tokens each row newly committed."""
-    tokens, lens, max_new, params, keys, max_len = self._prepare(
+    tokens, lens, max_new, sampling, keys, max_len = self._prepare(
         prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len)
     eos_ids = self.eos_ids if eos else ()
     state = engine.spec_prefill(self.graphdef, self.weights, self.drafter, self.drafter_params,
                                 jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(max_new),
-                                params, keys, max_len=max_len, eos_ids=eos_ids)
+                                sampling, keys, max_len=max_len, eos_ids=eos_ids)
     seen = lens.copy()
     while True:
       length = np.asarray(state.length)
@@ -172,7 +154,7 @@ class SpecDecoder:
       if bool(np.all(np.asarray(state.done))):
         return
       state = engine.spec_round(self.graphdef, self.weights, self.drafter, self.drafter_params,
-                                state, params, eos_ids=eos_ids)
+                                state, sampling, eos_ids=eos_ids)
 
   def _output(self, state, lens, **times) -> SpecOutput:
     buf = np.asarray(state.tokens)

@@ -22,9 +22,9 @@ def _verify(graphdef, weights, cache, block, taps):
 
 
 @functools.partial(jax.jit, static_argnames=("drafter",), donate_argnames=("dstate",))
-def _draft(drafter, params, dstate, ctx, keys):
-  draft, dstate = drafter.propose(params, dstate, ctx, keys)
-  return draft, drafter.commit(params, dstate, ctx)
+def _draft(drafter, drafter_params, dstate, ctx, keys):
+  draft, dstate = drafter.propose(drafter_params, dstate, ctx, keys)
+  return draft, drafter.commit(drafter_params, dstate, ctx)
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -57,9 +57,11 @@ def time_verify(spec, state, repeats: int = 5) -> float:
   return _median_time(verify, repeats)
 
 
-def time_draft(spec, state, params, repeats: int = 5) -> float:
-  """Median seconds of the drafter's propose + commit at `state` (its drafter state is consumed)."""
-  ctx = state.context(params)
+def time_draft(spec, state, sampling, repeats: int = 5) -> float:
+  """Median seconds of the drafter's propose + commit at `state` (its drafter state is consumed);
+  commit sees a round that committed every drafted token."""
+  b = state.tokens.shape[0]
+  ctx = state.context(sampling, jnp.full((b,), spec.num_draft + 1, jnp.int32))
   keys = row_keys(0, state.tokens.shape[0])
   box = {"dstate": state.drafter_state}
 

@@ -13,8 +13,9 @@ import dataclasses
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 
-from jspec.sampling import SamplingParams
+from jspec.sampling import SamplingParams, process_logits
 
 
 @jax.tree_util.register_dataclass
@@ -33,8 +34,13 @@ class Context:
   tokens: jax.Array             # [B, S] committed tokens (prompt + generated), padding after length
   length: jax.Array             # [B] committed tokens per row
   prompt_len: jax.Array         # [B]
-  params: SamplingParams        # the rows' sampling parameters (a sampling drafter uses them for q)
-  target_hidden: tuple[jax.Array, ...] = ()   # [B, T, H] taps from the last target forward
+  sampling: SamplingParams      # the rows' sampling settings (a sampling drafter uses them for q)
+  target_hidden: tuple[jax.Array, ...] = ()   # [B, T, H] taps from the last target forward: the
+                                # prompt's [B, P, H] in init_state, the verified block's
+                                # [B, D+1, H] (positions length-1-num_new ...) in commit
+  num_new: jax.Array | None = None   # [B] tokens the last round committed (accepted + 1, after
+                                # EOS / length truncation; 0 for a finished row); None before
+                                # the first round
 
 
 class Drafter(Protocol):
@@ -43,10 +49,33 @@ class Drafter(Protocol):
 
   def init_state(self, params: Any, prompt: jax.Array, ctx: Context, max_len: int) -> Any:
     """Builds the drafter state after the target's prefill. prompt: [B, P] right-padded prompt
-    tokens (lengths ctx.prompt_len); ctx already holds the first sampled token."""
+    tokens (lengths ctx.prompt_len); ctx already holds the first sampled token, and its
+    target_hidden holds the prompt's taps [B, P, H]."""
 
   def propose(self, params: Any, state: Any, ctx: Context, key: jax.Array) -> tuple[Draft, Any]:
     """Proposes D tokens per row following ctx.tokens[:, :ctx.length]. key: [B] per-row keys."""
 
   def commit(self, params: Any, state: Any, ctx: Context) -> Any:
-    """Sees the context after acceptance (lengths advanced, new target taps); returns new state."""
+    """Sees the context after acceptance (lengths advanced by ctx.num_new, the verified block's
+    taps: block position j < num_new holds the tap of committed position length-1-num_new+j);
+    returns the new state."""
+
+
+def draft_token(logits: jax.Array, sampling: SamplingParams, key: jax.Array, step: int | jax.Array,
+                sample: bool) -> tuple[jax.Array, jax.Array | None]:
+  """One draft token per row from [B, V] logits: argmax with q=None when `sample` is False, else a
+  draw from the processed distribution (the rows' own temperature / top-k / top-p) with that q
+  recorded [B, V]; greedy rows get the argmax and a one-hot q. key: [B] per-row keys."""
+  best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  if not sample:
+    return best, None
+
+  def draw(_):
+    logp = process_logits(logits, sampling)
+    ks = jax.vmap(jax.random.fold_in, (0, None))(key, step)
+    g = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(ks)
+    return jnp.argmax(logp + g, axis=-1).astype(jnp.int32), jnp.exp(logp)
+
+  # All rows greedy: q is one-hot at the argmax; skip the processing and the noise.
+  onehot = lambda _: (best, jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.float32))
+  return jax.lax.cond(jnp.all(sampling.greedy), onehot, draw, None)

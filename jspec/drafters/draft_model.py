@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters.base import Context, Draft
-from jspec.sampling import process_logits
+from jspec.drafters import registry
+from jspec.drafters.base import Context, Draft, draft_token
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -54,20 +54,8 @@ class DraftModelDrafter:
     out = model(last_two, state.with_lengths(ctx.length - 2),
                 logit_indices=jnp.ones((b, 1), jnp.int32))
 
-    def pick(logits, i):   # [B, V] -> token [B], q [B, V]
-      best = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-      if not self.sample:
-        return best, None
-
-      def draw(_):
-        logp = process_logits(logits, ctx.params)
-        ks = jax.vmap(jax.random.fold_in, (0, None))(key, i)
-        g = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(ks)
-        return jnp.argmax(logp + g, axis=-1).astype(jnp.int32), jnp.exp(logp)
-
-      # All rows greedy: q is one-hot at the argmax; skip the processing and the noise.
-      onehot = lambda _: (best, jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.float32))
-      return jax.lax.cond(jnp.all(ctx.params.greedy), onehot, draw, None)
+    def pick(logits, i):   # [B, V] -> token [B], q [B, V] | None
+      return draft_token(logits, ctx.sampling, key, i, self.sample)
 
     tok, q0 = pick(out.logits[:, 0], 0)
 
@@ -95,3 +83,53 @@ def layer_skip_model(target: Llama, num_layers: int) -> Llama:
   source = dict(nnx.to_flat_state(nnx.state(target)))
   filled = [(path, source[path]) for path, _ in nnx.to_flat_state(abstract)]
   return nnx.merge(graphdef, nnx.from_flat_state(filled))
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelOptions:
+  draft_model: str | None = None   # registered name, .gguf, folder or hub id (or pass the model)
+  draft_sampling: bool = True      # sample from the processed q (recorded) vs argmax
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerSkipOptions:
+  num_layers: int | None = None    # how many of the target's layers draft (default: a quarter)
+  draft_sampling: bool = True
+
+  def __post_init__(self):
+    if self.num_layers is not None and (not isinstance(self.num_layers, int)
+                                        or self.num_layers < 1):
+      raise ValueError(f"layer_skip num_layers must be an integer >= 1, got {self.num_layers!r}")
+
+
+def _build_draft_model(opts: DraftModelOptions, num_draft: int, target: Llama,
+                       draft_model: Llama | None = None):
+  if draft_model is None:
+    if opts.draft_model is None:
+      raise ValueError("method 'draft_model' needs draft_model (a model name or path, or pass "
+                       "the loaded model as draft_model=)")
+    import models
+    draft_model = models.load(opts.draft_model, quiet=True).model
+  if draft_model.config.vocab_size != target.config.vocab_size:
+    raise ValueError(f"draft model vocabulary ({draft_model.config.vocab_size}) differs from the "
+                     f"target's ({target.config.vocab_size}); a draft model must share the "
+                     "target's tokenizer")
+  return DraftModelDrafter.from_model(draft_model, num_draft, sample=opts.draft_sampling)
+
+
+def _build_layer_skip(opts: LayerSkipOptions, num_draft: int, target: Llama, draft_model=None):
+  k = opts.num_layers or max(1, target.config.num_layers // 4)
+  return DraftModelDrafter.from_model(layer_skip_model(target, k), num_draft,
+                                      sample=opts.draft_sampling)
+
+
+registry.register(registry.Method(
+    "draft_model", DraftModelOptions, _build_draft_model,
+    help="an external draft model sharing the target's vocabulary",
+    cli_flags=(registry.CliFlag("--draft-model", "draft_model", str,
+                                "model for --drafter draft-model (name, .gguf, folder, hub id)"),)))
+registry.register(registry.Method(
+    "layer_skip", LayerSkipOptions, _build_layer_skip,
+    help="the target's first k layers + its head as the draft (no training)",
+    cli_flags=(registry.CliFlag("--draft-layers", "num_layers", int,
+                                "target layers the layer-skip drafter keeps (default: a quarter)"),)))

@@ -9,6 +9,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jspec.drafters import registry
 from jspec.drafters.base import Context, Draft
 
 
@@ -51,3 +52,30 @@ class NgramDrafter:
         jnp.concatenate([tokens, jnp.zeros((d,), tokens.dtype)]), (jnp.maximum(best_start, 0),), (d,))
     avail = jnp.where(best_start >= 0, jnp.minimum(d, length - best_start), 0)
     return Draft(tokens=cont.astype(jnp.int32), q=None, length=avail.astype(jnp.int32))
+
+
+@dataclasses.dataclass(frozen=True)
+class NgramOptions:
+  prompt_lookup_min: int | None = None   # shortest suffix n-gram to match (default 1)
+  prompt_lookup_max: int | None = None   # longest suffix n-gram to match (default 4)
+
+  def __post_init__(self):
+    lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+    if lo is None and hi is None:
+      lo, hi = 1, 4
+    lo, hi = (hi if lo is None else lo), (lo if hi is None else hi)
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (lo, hi)) or \
+        not 1 <= lo <= hi:
+      raise ValueError(f"n-gram lookup needs integers 1 <= prompt_lookup_min <= "
+                       f"prompt_lookup_max, got {lo}, {hi}")
+    object.__setattr__(self, "prompt_lookup_min", lo)
+    object.__setattr__(self, "prompt_lookup_max", hi)
+
+
+registry.register(registry.Method(
+    "ngram", NgramOptions,
+    lambda o, d, target, draft_model=None: (NgramDrafter(d, o.prompt_lookup_min,
+                                                         o.prompt_lookup_max), None),
+    help="prompt lookup: continue the longest earlier match of the suffix n-gram",
+    cli_flags=(registry.CliFlag("--ngram-min", "prompt_lookup_min", int, "shortest n-gram"),
+               registry.CliFlag("--ngram-max", "prompt_lookup_max", int, "longest n-gram"))))

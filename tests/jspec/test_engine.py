@@ -115,7 +115,7 @@ def test_ngram_matches_reference(lo, hi):
     lens = rng.integers(1, s, b)
     toks = rng.integers(0, 5, (b, s))       # small alphabet: many repeats
     ctx = Context(tokens=jnp.asarray(toks, jnp.int32), length=jnp.asarray(lens, jnp.int32),
-                  prompt_len=jnp.asarray(lens, jnp.int32), params=SamplingParams.make(b))
+                  prompt_len=jnp.asarray(lens, jnp.int32), sampling=SamplingParams.make(b))
     draft, _ = drafter.propose(None, (), ctx, None)
     for r in range(b):
       cont, n = _ngram_reference(toks[r, :lens[r]].tolist(), d, lo, hi)

@@ -22,6 +22,8 @@ V, NEED = 6, 3
 _rng = np.random.default_rng(0)
 TARGET = _rng.normal(0, 1.5, size=(V, V, V)).astype(np.float32)           # logits[ctx[-2], ctx[-1]]
 DRAFT = (TARGET + _rng.normal(0, 1.0, size=TARGET.shape)).astype(np.float32)
+# A reduced draft vocabulary (EAGLE-3's d2t): the drafter never proposes tokens 1 and 4.
+DRAFT_REDUCED = np.where(np.isin(np.arange(V), [0, 2, 3, 5]), DRAFT, -np.inf).astype(np.float32)
 PROMPT = (1, 2)
 
 
@@ -45,7 +47,10 @@ def target_joint(params):
 
 
 def spec_joint(params, d, mode, limit=None):
-  """Distribution of the first NEED emitted tokens under speculative decoding."""
+  """Distribution of the first NEED emitted tokens under speculative decoding. mode: "sampled" or
+  "deterministic", with "-reduced" for a drafter restricted to a draft vocabulary."""
+  table = DRAFT_REDUCED if mode.endswith("-reduced") else DRAFT
+  mode = mode.removesuffix("-reduced")
 
   @functools.lru_cache(maxsize=None)
   def from_ctx(ctx, need):
@@ -54,19 +59,19 @@ def spec_joint(params, d, mode, limit=None):
     for _ in range(d):
       nxt = []
       ctxs = [ctx + s for s, _ in drafts]
-      q = _dist(DRAFT, ctxs, params)
+      q = _dist(table, ctxs, params)
       for (s, w), qrow in zip(drafts, q):
         if mode == "sampled":   # all V branches (zero-weight ones too: fixed shapes, few compiles)
           nxt += [(s + (x,), w * qrow[x]) for x in range(V)]
         else:   # deterministic: the draft's argmax
-          nxt.append((s + (int(np.argmax(DRAFT[(ctx + s)[-2], (ctx + s)[-1]])),), w))
+          nxt.append((s + (int(np.argmax(table[(ctx + s)[-2], (ctx + s)[-1]])),), w))
       drafts = nxt
     seqs = [s for s, _ in drafts]
     p = _dist(TARGET, [ctx + s[:i] for s in seqs for i in range(d + 1)], params)
     p = p.reshape(len(seqs), d + 1, V)
     q = None
     if mode == "sampled":
-      q = _dist(DRAFT, [ctx + s[:i] for s in seqs for i in range(d)], params)
+      q = _dist(table, [ctx + s[:i] for s in seqs for i in range(d)], params)
       q = jnp.asarray(q.reshape(len(seqs), d, V), jnp.float32)
     draft_len = None if limit is None else jnp.full((len(seqs),), limit, jnp.int32)
     accept, final = _outcomes(jnp.asarray(p, jnp.float32), jnp.asarray(seqs, jnp.int32), q,
@@ -109,7 +114,9 @@ PARAMS = {
 @pytest.mark.parametrize("name", list(PARAMS))
 @pytest.mark.parametrize("d, mode, limit", [(1, "sampled", None), (3, "sampled", None),
                                              (2, "deterministic", None),
-                                             (3, "deterministic", 1)])
+                                             (3, "deterministic", 1),
+                                             (2, "sampled-reduced", None),
+                                             (2, "deterministic-reduced", None)])
 def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
   t, k, p = PARAMS[name]
   params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))

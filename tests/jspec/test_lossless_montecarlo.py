@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 1e5 rows (4 parameter groups
-of 25,000). A chi-square test per sampled group at p < 1e-4 (9 tests in this file) gives a
+of 25,000). A chi-square test per sampled group at p < 1e-4 (12 tests in this file) gives a
 false-alarm rate below 1e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -14,6 +14,7 @@ from flax import nnx
 from scipy import stats
 
 from jspec import SpecDecoder
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
 from jspec.sampling import SamplingParams, process_logits
 from models import KVCache, Llama, LlamaConfig
 
@@ -60,12 +61,23 @@ def sample_pairs(decoder):
   return np.asarray(out), res
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip"])
-def test_first_two_tokens_match_target_distribution(target, draft, method):
+@pytest.fixture(scope="module")
+def eagle3_head():
+  """A random tiny EAGLE-3 head with a reduced draft vocabulary (tokens 1 and 6 never proposed)."""
+  cfg = Eagle3Config.for_target(CFG, draft_vocab_size=6, taps=(0, 1, 1))
+  head = Eagle3Head(cfg, rngs=nnx.Rngs(2))
+  head.lm_head.kernel[...] = head.lm_head.kernel[...] * 6.0
+  head.draft_to_target[...] = jnp.asarray([0, 2, 3, 4, 5, 7], jnp.int32)
+  return head
+
+
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3"])
+def test_first_two_tokens_match_target_distribution(target, draft, eagle3_head, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   if method == "layer_skip":
     cfg["num_layers"] = 1
-  decoder = SpecDecoder(target, cfg, draft_model=draft if method == "draft_model" else None)
+  drafts = {"draft_model": draft, "eagle3": eagle3_head}
+  decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method))
   pairs, last = sample_pairs(decoder)
   assert pairs.shape == (PER_GROUP * len(GROUPS), 2)
   assert last.rounds > 0

@@ -1,0 +1,269 @@
+"""EAGLE-3 (chain): a one-layer head over the target's fused hidden taps, drafting D tokens one
+step at a time from its own output features, with its own KV cache kept in step with acceptance.
+
+One `Eagle3Head.layer` forward serves drafting (attention over the head's cache) and training
+(`jspec/train/eagle3.py`: training-time-test attention). Draft vocabulary: the head predicts Vd
+tokens, mapped to target ids by `draft_to_target` (sorted ascending); others are never proposed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.drafters import registry
+from jspec.drafters.base import Context, Draft, draft_token
+from models.config import LlamaConfig
+from models.kv_cache import KVCache
+from models.llama import MLP, Llama, RMSNorm, rope
+from pallas_kernels.verify_attention import verify_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Config:
+  hidden_size: int              # H (= the target's: the head reads the target's embeddings)
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  vocab_size: int               # the target's vocabulary
+  draft_vocab_size: int         # Vd, the tokens the head can propose
+  taps: tuple[int, ...]         # target layers whose *entering* residual stream is fused
+  rms_eps: float = 1e-5
+  rope_theta: float = 10000.0
+  max_position: int = 4096
+
+  def __post_init__(self):
+    if not 1 <= self.draft_vocab_size <= self.vocab_size:
+      raise ValueError(f"draft_vocab_size must be in [1, {self.vocab_size}] (the target's "
+                       f"vocabulary), got {self.draft_vocab_size}")
+    if not self.taps:
+      raise ValueError("EAGLE-3 needs at least one target tap")
+
+  @classmethod
+  def for_target(cls, target: LlamaConfig, *, draft_vocab_size: int | None = None,
+                 taps: tuple[int, ...] | None = None) -> "Eagle3Config":
+    """The published defaults: taps entering layers (2, L//2, L-3), the target's layer shapes."""
+    n = target.num_layers
+    taps = tuple(taps) if taps is not None else (min(2, n - 1), n // 2, max(n - 3, 0))
+    for t in taps:
+      if not 0 <= t < n:
+        raise ValueError(f"EAGLE-3 tap {t} is outside the target's layers [0, {n})")
+    return cls(hidden_size=target.hidden_size, num_heads=target.num_heads,
+               num_kv_heads=target.num_kv_heads, head_dim=target.head_dim,
+               intermediate_size=target.intermediate_size, vocab_size=target.vocab_size,
+               draft_vocab_size=draft_vocab_size or target.vocab_size, taps=taps,
+               rms_eps=target.rms_eps, rope_theta=target.rope_theta,
+               max_position=target.max_position)
+
+  def layer_config(self) -> LlamaConfig:
+    """The draft layer's shapes as a one-layer LlamaConfig (for its MLP and KV cache)."""
+    return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
+                       intermediate_size=self.intermediate_size, num_layers=1,
+                       num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                       head_dim=self.head_dim, rope_theta=self.rope_theta, rms_eps=self.rms_eps,
+                       max_position=self.max_position)
+
+  def check_target(self, target: LlamaConfig) -> None:
+    """Raises a clear error if this head cannot draft for `target`."""
+    if self.hidden_size != target.hidden_size:
+      raise ValueError(f"EAGLE-3 head hidden size {self.hidden_size} differs from the target's "
+                       f"{target.hidden_size}: the head was trained for another model")
+    if self.vocab_size != target.vocab_size:
+      raise ValueError(f"EAGLE-3 head vocabulary {self.vocab_size} differs from the target's "
+                       f"{target.vocab_size}: the head was trained for another model")
+    for t in self.taps:
+      if not 0 <= t < target.num_layers:
+        raise ValueError(f"EAGLE-3 head tap {t} is outside the target's {target.num_layers} "
+                         "layers: the head was trained for another model")
+
+
+class DraftVocab(nnx.Variable):
+  """Target ids of the draft vocabulary [Vd] (not trained)."""
+
+
+AttendFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
+
+
+class Eagle3Head(nnx.Module):
+  """fc over the concatenated taps, one decoder layer over [norm(embed(token)); norm(feature)],
+  its own final norm and a draft-vocabulary LM head. The target's embedding is passed in, never
+  copied."""
+
+  def __init__(self, cfg: Eagle3Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    h, nq, nkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs)
+    self.config = cfg
+    self.fc = lin(len(cfg.taps) * h, h)
+    self.input_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)     # on the token embedding
+    self.hidden_norm = RMSNorm(h, cfg.rms_eps, dtype=dtype)         # on the feature
+    self.q_proj = lin(2 * h, nq * dh)
+    self.k_proj = lin(2 * h, nkv * dh)
+    self.v_proj = lin(2 * h, nkv * dh)
+    self.o_proj = lin(nq * dh, h)
+    self.post_attention_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)
+    self.mlp = MLP(cfg.layer_config(), dtype=dtype, rngs=rngs)
+    self.norm = RMSNorm(h, cfg.rms_eps, dtype=dtype)
+    self.lm_head = lin(h, cfg.draft_vocab_size)
+    self.draft_to_target = DraftVocab(jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32))
+
+  def fuse(self, taps: tuple[jax.Array, ...]) -> jax.Array:
+    """Target taps, each [B, T, H] -> the fused feature g [B, T, H]."""
+    return self.fc(jnp.concatenate([t.astype(self.fc.kernel[...].dtype) for t in taps], axis=-1))
+
+  def layer(self, feature: jax.Array, emb: jax.Array, positions: jax.Array,
+            attend: AttendFn) -> tuple[jax.Array, Any]:
+    """feature [B, T, H] (fused taps or the head's previous output), emb [B, T, H] embeddings of
+    the tokens that follow, positions [B, T] -> (output feature [B, T, H], attend's aux).
+
+    attend(q [B, T, Hq, Dh], k, v [B, T, KVH, Dh]) -> (out [B, T, Hq, Dh], aux): the cache during
+    drafting, the training-time-test mask during training."""
+    cfg = self.config
+    b, t, _ = feature.shape
+    x = jnp.concatenate([self.input_layernorm(emb.astype(feature.dtype)),
+                         self.hidden_norm(feature)], axis=-1)                  # [B, T, 2H]
+    q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)              # [B, T, Hq, Dh]
+    k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)           # [B, T, KVH, Dh]
+    v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+    out, aux = attend(q, k, v)
+    a = feature + self.o_proj(out.reshape(b, t, -1))
+    return a + self.mlp(self.post_attention_layernorm(a)), aux
+
+  def draft_logits(self, a: jax.Array) -> jax.Array:
+    """[..., H] -> [..., Vd] float32."""
+    return self.lm_head(self.norm(a)).astype(jnp.float32)
+
+  def target_logits(self, draft_logits: jax.Array) -> jax.Array:
+    """[B, Vd] -> [B, V] with -inf outside the draft vocabulary."""
+    full = jnp.full(draft_logits.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., self.draft_to_target[...]].set(draft_logits)
+
+
+def cache_attend(cache: KVCache, impl: str = "auto") -> AttendFn:
+  """Attention over the head's one-layer cache: writes k/v at slots lengths + t, then attends to
+  the prefix and causally within the block (aux: the written cache, lengths not yet advanced)."""
+  def attend(q, k, v):
+    c = cache.write(0, k, v)
+    return verify_attention(q, c.k[0], c.v[0], c.lengths, impl=impl), c
+  return attend
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Eagle3State:
+  cache: KVCache           # the head's K/V at committed positions 0 .. length-2
+  feature: jax.Array       # [B, H] the head's output at position length-2
+  logits: jax.Array        # [B, Vd] its draft logits: the next token after the committed ones
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Drafter:
+  """params: {"head": nnx.State of an Eagle3Head, "embed": the target's embedding [V, H]}."""
+  graphdef: Any                       # nnx.GraphDef of the head (static)
+  num_draft: int
+  target_taps: tuple[int, ...]
+  sample: bool = True                 # sample from the processed q (recorded) vs argmax
+  attention_impl: str = "auto"
+
+  @classmethod
+  def from_head(cls, head: Eagle3Head, target: Llama, num_draft: int, *, sample: bool = True):
+    """Returns (drafter, params); checks that the head fits the target first."""
+    head.config.check_target(target.config)
+    graphdef, state = nnx.split(head)
+    params = {"head": state, "embed": target.embed.embedding[...]}
+    return cls(graphdef, num_draft, tuple(head.config.taps), sample,
+               target.attention_impl), params
+
+  def _catch_up(self, head, embed, cache: KVCache, taps, next_tokens, start, num_valid):
+    """Runs the head over a block of committed positions start .. start+T-1 whose target taps are
+    known (valid: the first num_valid [B]); returns (cache at length start+num_valid, the output
+    feature and draft logits at the last valid position)."""
+    t = next_tokens.shape[1]
+    positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    a, cache = head.layer(head.fuse(taps), embed[next_tokens], positions,
+                          cache_attend(cache.with_lengths(start), self.attention_impl))
+    last = jnp.take_along_axis(a, jnp.maximum(num_valid - 1, 0)[:, None, None], axis=1)[:, 0]
+    return cache.with_lengths(start + num_valid), last, head.draft_logits(last)
+
+  def init_state(self, params, prompt: jax.Array, ctx: Context, max_len: int) -> Eagle3State:
+    head = nnx.merge(self.graphdef, params["head"])
+    b, p = prompt.shape
+    dtype = head.fc.kernel[...].dtype
+    cache = KVCache.init(head.config.layer_config(), b, max_len, dtype=dtype)
+    next_tokens = ctx.tokens[:, 1:p + 1]           # the token after each prompt position
+    cache, feature, logits = self._catch_up(head, params["embed"], cache, ctx.target_hidden,
+                                            next_tokens, jnp.zeros((b,), jnp.int32),
+                                            ctx.prompt_len)
+    return Eagle3State(cache, feature, logits)
+
+  def commit(self, params, state: Eagle3State, ctx: Context) -> Eagle3State:
+    """Re-runs the head over the verified block with the target's taps (replacing the K/V it wrote
+    from its own features while drafting) and keeps the accepted positions."""
+    head = nnx.merge(self.graphdef, params["head"])
+    n = ctx.num_new                                 # [B]
+    start = ctx.length - n - 1                      # the block's first position (old length - 1)
+    t = ctx.target_hidden[0].shape[1]               # D + 1
+    idx = jnp.clip(start[:, None] + 1 + jnp.arange(t)[None, :], 0, ctx.tokens.shape[1] - 1)
+    next_tokens = jnp.take_along_axis(ctx.tokens, idx, axis=1)
+    cache, feature, logits = self._catch_up(head, params["embed"], state.cache, ctx.target_hidden,
+                                            next_tokens, start, n)
+    moved = (n > 0)[:, None]                        # finished rows keep their state
+    return Eagle3State(cache, jnp.where(moved, feature, state.feature),
+                       jnp.where(moved, logits, state.logits))
+
+  def propose(self, params, state: Eagle3State, ctx: Context, key: jax.Array):
+    head = nnx.merge(self.graphdef, params["head"])
+    embed = params["embed"]
+
+    def pick(draft_logits, i):
+      return draft_token(head.target_logits(draft_logits), ctx.sampling, key, i, self.sample)
+
+    tok, q0 = pick(state.logits, 0)
+
+    def step(carry, i):
+      cache, feature, tok = carry
+      a, cache = head.layer(feature[:, None], embed[tok][:, None], cache.lengths[:, None],
+                            cache_attend(cache, self.attention_impl))
+      cache = cache.with_lengths(cache.lengths + 1)
+      nxt, q = pick(head.draft_logits(a[:, 0]), i)
+      return (cache, a[:, 0], nxt), (nxt, q)
+
+    (cache, _, _), (toks, qs) = jax.lax.scan(step, (state.cache, state.feature, tok),
+                                             jnp.arange(1, self.num_draft))
+    tokens = jnp.concatenate([tok[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)      # [B, D]
+    q = None if q0 is None else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return Draft(tokens=tokens, q=q), dataclasses.replace(state, cache=cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Options:
+  head: str | None = None        # a speculators-format folder (default: the head shipped for
+                                 # the target, if there is one)
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax
+
+
+def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None):
+  from jspec.drafters import speculators_format
+
+  if isinstance(draft_model, Eagle3Head):
+    head = draft_model
+  else:
+    path = opts.head if opts.head is not None else speculators_format.shipped_head(target.config)
+    dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
+    head = speculators_format.load_eagle3(path, dtype=dtype)
+  return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling)
+
+
+registry.register(registry.Method(
+    "eagle3", Eagle3Options, _build,
+    help="EAGLE-3 head over the target's hidden states (chain)",
+    cli_flags=(registry.CliFlag("--head", "head", str,
+                                "EAGLE-3 head folder (speculators format; default: the shipped "
+                                "head for the default model)"),)))

@@ -1,0 +1,221 @@
+"""EAGLE-3 heads in the speculators / vLLM checkpoint format (config.json + model.safetensors), so
+heads trained here load in vLLM and heads trained elsewhere draft here; plus the shipped heads.
+
+Weights use torch's [out, in] layout and HF names (`fc.weight`, `layers.0.self_attn.q_proj.weight`,
+..., `lm_head.weight`, `d2t` int64 offsets with target = draft + d2t[draft], `t2d` bool [V]); the
+target's embedding, final norm and head are never saved. `checksums.json` (sha256 per file) is
+verified on load when present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from models.config import LlamaConfig
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+CHECKSUMS = "checksums.json"
+HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
+# Heads shipped with the package: target config -> (folder under jspec/heads, sha256 of weights).
+SHIPPED: dict[LlamaConfig, tuple[str, str]] = {}
+
+_LINEAR = {   # HF name -> path in Eagle3Head (a [out, in] weight, stored [in, out] by nnx)
+    "fc.weight": ("fc", "kernel"),
+    "layers.0.self_attn.q_proj.weight": ("q_proj", "kernel"),
+    "layers.0.self_attn.k_proj.weight": ("k_proj", "kernel"),
+    "layers.0.self_attn.v_proj.weight": ("v_proj", "kernel"),
+    "layers.0.self_attn.o_proj.weight": ("o_proj", "kernel"),
+    "layers.0.mlp.gate_proj.weight": ("mlp", "gate_proj", "kernel"),
+    "layers.0.mlp.up_proj.weight": ("mlp", "up_proj", "kernel"),
+    "layers.0.mlp.down_proj.weight": ("mlp", "down_proj", "kernel"),
+    "lm_head.weight": ("lm_head", "kernel"),
+}
+_NORM = {
+    "layers.0.input_layernorm.weight": ("input_layernorm", "scale"),
+    "layers.0.hidden_norm.weight": ("hidden_norm", "scale"),
+    "layers.0.post_attention_layernorm.weight": ("post_attention_layernorm", "scale"),
+    "norm.weight": ("norm", "scale"),
+}
+
+
+class HeadLoadError(ValueError):
+  """A head checkpoint that cannot be used (missing files, wrong shapes, wrong checksum)."""
+
+
+def shipped_head(target: LlamaConfig) -> str:
+  """The folder of the head shipped for `target`, or a clear error saying how to get one."""
+  if target in SHIPPED:
+    return os.path.join(HEADS_DIR, SHIPPED[target][0])
+  raise HeadLoadError("no EAGLE-3 head is shipped for this target model; pass one with "
+                      "head=PATH (--head PATH), e.g. one trained with `jspec train eagle3`")
+
+
+def _config_dict(cfg: Eagle3Config, num_draft: int, verifier: str) -> dict:
+  return {
+      "speculators_model_type": "eagle3",
+      "architectures": ["Eagle3Speculator"],
+      "speculators_version": "jspec-0.1",
+      "transformer_layer_config": {
+          "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+          "hidden_size": cfg.hidden_size, "num_hidden_layers": 1,
+          "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads,
+          "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
+          "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_eps,
+          "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position,
+          "hidden_act": "silu", "tie_word_embeddings": False},
+      "draft_vocab_size": cfg.draft_vocab_size,
+      "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False,
+      "norm_output": False,
+      "target_hidden_size": cfg.hidden_size,
+      "eagle_aux_hidden_state_layer_ids": list(cfg.taps),
+      "embed_requires_grad": False,
+      "speculators_config": {
+          "algorithm": "eagle3",
+          "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_draft,
+                                "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+          "default_proposal_method": "greedy",
+          "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}},
+  }
+
+
+def _get(tree, path):
+  for p in path:
+    tree = getattr(tree, p)
+  return tree
+
+
+def save_eagle3(head: Eagle3Head, folder: str, *, dtype=jnp.bfloat16, num_draft: int = 3,
+                verifier: str = "") -> dict[str, str]:
+  """Writes config.json, model.safetensors (weights cast to `dtype`) and checksums.json; each file
+  atomically. Returns {file: sha256}."""
+  from safetensors.numpy import save
+
+  from jspec.io import atomic_write_bytes, check_writable
+  from models.fetch import sha256_of
+
+  os.makedirs(folder, exist_ok=True)
+  check_writable(os.path.join(folder, WEIGHTS))
+  cfg = head.config
+  np_dtype = np.dtype(jnp.dtype(dtype).name) if jnp.dtype(dtype) != jnp.bfloat16 else None
+  tensors = {}
+  for name, path in list(_LINEAR.items()) + list(_NORM.items()):
+    x = jnp.asarray(_get(head, path)[...]).astype(dtype)
+    x = x.T if name in _LINEAR else x
+    tensors[name] = _to_numpy(x, np_dtype)
+  ids = np.asarray(head.draft_to_target[...], np.int64)
+  tensors["d2t"] = ids - np.arange(cfg.draft_vocab_size, dtype=np.int64)
+  t2d = np.zeros((cfg.vocab_size,), bool)
+  t2d[ids] = True
+  tensors["t2d"] = t2d
+  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
+  atomic_write_bytes(os.path.join(folder, CONFIG),
+                     (json.dumps(_config_dict(cfg, num_draft, verifier), indent=2) + "\n").encode())
+  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
+  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
+  return sums
+
+
+def _to_numpy(x, np_dtype):
+  if np_dtype is not None:
+    return np.asarray(x, np_dtype)
+  # safetensors.numpy stores bfloat16 from ml_dtypes' numpy type
+  return np.asarray(x)
+
+
+def read_config(folder: str) -> Eagle3Config:
+  path = os.path.join(folder, CONFIG)
+  if not os.path.isdir(folder):
+    raise HeadLoadError(f"EAGLE-3 head folder {folder!r} does not exist")
+  if not os.path.isfile(path):
+    raise HeadLoadError(f"{path} is missing: an EAGLE-3 head folder holds {CONFIG} and {WEIGHTS} "
+                        "(speculators format)")
+  try:
+    with open(path) as f:
+      raw = json.load(f)
+    if raw.get("speculators_model_type") != "eagle3":
+      raise HeadLoadError(f"{path}: speculators_model_type is "
+                          f"{raw.get('speculators_model_type')!r}, not 'eagle3'")
+    for flag in ("norm_before_fc", "fc_norm", "norm_output"):
+      if raw.get(flag):
+        raise HeadLoadError(f"{path}: {flag}=true is not supported by jspec's EAGLE-3 head")
+    if raw.get("norm_before_residual", True) and "norm_before_residual" in raw:
+      raise HeadLoadError(f"{path}: norm_before_residual=true is not supported by jspec's head")
+    layer = raw["transformer_layer_config"]
+    heads = layer["num_attention_heads"]
+    return Eagle3Config(
+        hidden_size=layer["hidden_size"], num_heads=heads,
+        num_kv_heads=layer.get("num_key_value_heads", heads),
+        head_dim=layer.get("head_dim") or layer["hidden_size"] // heads,
+        intermediate_size=layer["intermediate_size"], vocab_size=layer["vocab_size"],
+        draft_vocab_size=raw["draft_vocab_size"],
+        taps=tuple(raw["eagle_aux_hidden_state_layer_ids"]),
+        rms_eps=float(layer.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(layer.get("rope_theta", 10000.0)),
+        max_position=int(layer.get("max_position_embeddings", 4096)))
+  except HeadLoadError:
+    raise
+  except (KeyError, TypeError, ValueError) as e:
+    raise HeadLoadError(f"{path} is not a valid EAGLE-3 speculators config: {e!r}") from None
+
+
+def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = None) -> Eagle3Head:
+  """Reads a speculators-format EAGLE-3 head; every check happens before any compilation."""
+  from safetensors.numpy import load_file
+
+  from models.fetch import sha256_of
+
+  cfg = read_config(folder)
+  wpath = os.path.join(folder, WEIGHTS)
+  if not os.path.isfile(wpath):
+    raise HeadLoadError(f"{wpath} is missing (an EAGLE-3 head folder holds {CONFIG} and "
+                        f"{WEIGHTS})")
+  sums_path = os.path.join(folder, CHECKSUMS)
+  expected = {}
+  if os.path.isfile(sums_path):
+    with open(sums_path) as f:
+      expected = json.load(f)
+  if expected_sha256 is not None:
+    expected[WEIGHTS] = expected_sha256
+  for name, want in expected.items():
+    got = sha256_of(os.path.join(folder, name))
+    if got != want:
+      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
+                          "file is corrupt or was changed; restore or re-export the head")
+  try:
+    tensors = load_file(wpath)
+  except Exception as e:   # safetensors raises its own error types for a malformed file
+    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
+  head = nnx.eval_shape(lambda: Eagle3Head(cfg, dtype=dtype))
+  graphdef, abstract = nnx.split(head)
+  flat = dict(nnx.to_flat_state(abstract))
+  values = {}
+  for name, path in list(_LINEAR.items()) + list(_NORM.items()):
+    if name not in tensors:
+      raise HeadLoadError(f"{wpath} lacks tensor {name!r}")
+    x = np.asarray(tensors[name])
+    x = x.T if name in _LINEAR else x
+    want = flat[path].shape if hasattr(flat[path], "shape") else flat[path][...].shape
+    if x.shape != tuple(want):
+      raise HeadLoadError(f"{wpath}: {name} has shape {x.shape} (as [in, out]), expected "
+                          f"{tuple(want)} from {CONFIG}")
+    values[path] = jnp.asarray(x, dtype)
+  if "d2t" not in tensors:
+    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
+  d2t = np.asarray(tensors["d2t"], np.int64)
+  if d2t.shape != (cfg.draft_vocab_size,):
+    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({cfg.draft_vocab_size},)")
+  ids = d2t + np.arange(cfg.draft_vocab_size)
+  if ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0):
+    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {cfg.vocab_size}) or not "
+                        "strictly increasing")
+  values[("draft_to_target",)] = jnp.asarray(ids, jnp.int32)
+  filled = [(path, var.replace(values[path]) if hasattr(var, "replace") else values[path])
+            for path, var in flat.items()]
+  return nnx.merge(graphdef, nnx.from_flat_state(filled))
