@@ -1,0 +1,136 @@
+"""`jspec train data` (regenerate replies with the target) and `jspec train eagle3` (train, resume,
+export a speculators-format head)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
+  if text is None:
+    return None
+  try:
+    return tuple(int(x) for x in text.split(","))
+  except ValueError:
+    sys.exit(f"jspec: {flag} takes comma-separated integers, got {text!r}")
+
+
+def cmd_data(args) -> None:
+  from jspec.train.data import build_dataset
+
+  for flag in ("magpie", "max_new_tokens", "batch_size", "shard_size"):
+    v = getattr(args, flag)
+    if v < (0 if flag == "magpie" else 1):
+      sys.exit(f"jspec: --{flag.replace('_', '-')} must be >= {0 if flag == 'magpie' else 1}, "
+               f"got {v}")
+  for path in args.prompts:
+    if not os.path.isfile(path):
+      sys.exit(f"jspec: prompt file {path} does not exist")
+  try:
+    manifest = build_dataset(args.model, args.out, prompt_files=args.prompts,
+                             num_magpie=args.magpie, max_new_tokens=args.max_new_tokens,
+                             batch_size=args.batch_size, shard_size=args.shard_size,
+                             temperature=args.temperature, multi_turn=args.multi_turn,
+                             seed=args.seed, progress=not args.no_progress)
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  print(json.dumps({k: v for k, v in manifest.items() if k != "shards"}, indent=2))
+
+
+def cmd_eagle3(args) -> None:
+  import jax.numpy as jnp
+
+  import models
+  from jspec.drafters import speculators_format
+  from jspec.io import check_writable
+  from jspec.train import eagle3, trainer
+  from jspec.train.data import read_manifest, token_counts
+
+  try:   # everything cheap first: settings, data, writable outputs
+    cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                              lr=args.lr, warmup=args.warmup, save_every=args.save_every,
+                              keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
+                              seed=args.seed)
+    if args.ttt_steps < 1:
+      raise ValueError(f"--ttt-steps must be >= 1, got {args.ttt_steps}")
+    read_manifest(args.data)
+    export = args.export or os.path.join(args.out, "head")
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(export, exist_ok=True)
+    check_writable(os.path.join(export, speculators_format.WEIGHTS))
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  loaded = models.load(args.model)
+  target = loaded.model
+  try:
+    counts = token_counts(args.data, target.config.vocab_size)
+    ids = eagle3.draft_vocab(counts, args.draft_vocab)
+    task = eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
+                              ttt_steps=args.ttt_steps, decay=args.decay, seed=args.seed)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  coverage = counts[ids].sum() / max(counts.sum(), 1)
+  print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
+        file=sys.stderr)
+  try:
+    history = trainer.train(task, args.data, args.out, cfg, progress=not args.no_progress,
+                            stop_after=args.stop_after)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  head = task.module(task.params)
+  dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[args.dtype]
+  sums = speculators_format.save_eagle3(head, export, dtype=dtype, num_draft=args.ttt_steps,
+                                        verifier=loaded.name)
+  last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
+  print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
+                        draft_vocab=len(ids), draft_vocab_coverage=coverage,
+                        heldout=last_eval), indent=2))
+
+
+def add_parser(sub, default_model: str) -> None:
+  t = sub.add_parser("train", help="build drafter training data; train a learned drafter")
+  tsub = t.add_subparsers(dest="train_command", required=True)
+
+  d = tsub.add_parser("data", help="regenerate replies with the target (resumable shards)")
+  d.add_argument("out", help="output folder (shards + manifest.json); rerun to resume")
+  d.add_argument("--model", default=default_model)
+  d.add_argument("--prompts", nargs="*", default=["benchmarks/prompts/train.jsonl"],
+                 help="prompt files in the suite's JSON Lines format")
+  d.add_argument("--magpie", type=int, default=0,
+                 help="also sample this many user prompts from the target (Magpie)")
+  d.add_argument("--max-new-tokens", type=int, default=512)
+  d.add_argument("--batch-size", type=int, default=16)
+  d.add_argument("--shard-size", type=int, default=256)
+  d.add_argument("--temperature", type=float, default=0.0, help="for the replies")
+  d.add_argument("--multi-turn", type=float, default=0.0,
+                 help="fraction of conversations continued for one more user turn")
+  d.add_argument("--seed", type=int, default=0)
+  d.add_argument("--no-progress", action="store_true")
+  d.set_defaults(func=cmd_data)
+
+  e = tsub.add_parser("eagle3", help="train an EAGLE-3 head (orbax checkpoints; resumes)")
+  e.add_argument("--data", required=True, help="a folder written by `jspec train data`")
+  e.add_argument("--out", required=True, help="checkpoints, train_log.jsonl and head/")
+  e.add_argument("--model", default=default_model)
+  e.add_argument("--export", default=None, help="head folder (default OUT/head)")
+  e.add_argument("--steps", type=int, default=2000)
+  e.add_argument("--stop-after", type=int, default=None,
+                 help="end after this many steps of this run (resume later)")
+  e.add_argument("--batch-size", type=int, default=8)
+  e.add_argument("--seq-len", type=int, default=512)
+  e.add_argument("--lr", type=float, default=3e-4)
+  e.add_argument("--warmup", type=int, default=100)
+  e.add_argument("--ttt-steps", type=int, default=3)
+  e.add_argument("--decay", type=float, default=0.8, help="loss weight decay per TTT step")
+  e.add_argument("--draft-vocab", type=int, default=8192)
+  e.add_argument("--taps", default=None, help="target layers, e.g. 2,15,27 (default 2,L//2,L-3)")
+  e.add_argument("--save-every", type=int, default=100)
+  e.add_argument("--keep", type=int, default=3)
+  e.add_argument("--eval-every", type=int, default=200)
+  e.add_argument("--holdout", type=int, default=32)
+  e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
+  e.add_argument("--seed", type=int, default=0)
+  e.add_argument("--no-progress", action="store_true")
+  e.set_defaults(func=cmd_eagle3)

@@ -1,0 +1,176 @@
+"""EAGLE-3 training: the target's taps teacher-forced over the data, training-time test (TTT) over
+`ttt_steps` steps with step-decayed soft cross-entropy against the target's distribution on the
+draft vocabulary, and a greedy acceptance-length estimate from the same pass.
+
+TTT (EAGLE-3 paper; official `traineagle3/cnets.py`): step 0 runs the head over every position t
+with the target's fused feature g_t and the embedding of token t+1, at position t, causally. Step
+j > 0 feeds the head's own step j-1 output at t with the embedding of token t+1+j, at position
+t+j; its query at t attends to step 0's keys at positions <= t plus the keys of steps 1..j at t
+itself: exactly what drafting token t+2+j after anchor t sees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from models.kv_cache import KVCache
+from models.llama import Llama
+
+
+def draft_vocab(counts: np.ndarray, size: int) -> np.ndarray:
+  """The `size` most frequent token ids (ties to the smaller id), sorted ascending (int32)."""
+  if not 1 <= size <= len(counts):
+    raise ValueError(f"draft vocabulary size must be in [1, {len(counts)}], got {size}")
+  order = np.lexsort((np.arange(len(counts)), -counts))     # by count desc, then id asc
+  return np.sort(order[:size]).astype(np.int32)
+
+
+def _target_head_rows(target: Llama, ids: jax.Array) -> jax.Array:
+  """The target's LM-head rows of the draft vocabulary: [Vd, H]."""
+  if target.config.tie_embeddings:
+    return target.embed.embedding[...][ids]
+  return target.lm_head.kernel[...].T[ids]
+
+
+def init_head(target: Llama, ids: np.ndarray, *, taps=None, seed: int = 0,
+              dtype=jnp.float32) -> Eagle3Head:
+  """A fresh head for `target` over draft vocabulary `ids`; its LM head and final norm start as
+  the target's own (restricted to the draft vocabulary), which speeds up early training."""
+  cfg = Eagle3Config.for_target(target.config, draft_vocab_size=len(ids), taps=taps)
+  head = Eagle3Head(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
+  ids = jnp.asarray(ids, jnp.int32)
+  head.draft_to_target[...] = ids
+  head.lm_head.kernel[...] = _target_head_rows(target, ids).T.astype(dtype)
+  head.norm.scale[...] = target.norm.scale[...].astype(dtype)
+  return head
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Features:
+  taps: tuple[jax.Array, ...]   # [B, N, H] each: the residual stream entering the head's layers
+  target_logits: jax.Array      # [B, N, Vd] the target's logits on the draft vocabulary
+
+
+def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
+                    draft_ids: jax.Array) -> Features:
+  """Teacher-forced target pass over tokens [B, N] (no gradient)."""
+  b, n = tokens.shape
+  cfg = target.config
+  out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
+               logit_indices=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps) + (cfg.num_layers,))
+  final = target.norm(out.hidden[-1])                                          # [B, N, H]
+  rows = _target_head_rows(target, draft_ids)                                  # [Vd, H]
+  logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
+                      preferred_element_type=jnp.float32)
+  return jax.lax.stop_gradient(Features(tuple(out.hidden[:-1]), logits))
+
+
+def _ttt_attend(prev: list, scale: float):
+  """Attention for TTT step j = len(prev): prev holds the (k, v) of steps 0 .. j-1."""
+  def attend(q, k, v):
+    b, n, hq, dh = q.shape
+    kvh = k.shape[2]
+    qg = q.reshape(b, n, kvh, hq // kvh, dh).astype(jnp.float32)              # [B, N, KVH, G, Dh]
+    steps = prev + [(k, v)]
+    k0, v0 = steps[0]
+    causal = jnp.tril(jnp.ones((n, n), bool))
+    s0 = jnp.einsum("btkgd,bskd->bkgts", qg, k0.astype(jnp.float32)) * scale   # [B,KVH,G,N,N]
+    s0 = jnp.where(causal, s0, -jnp.inf)
+    diag = [jnp.einsum("btkgd,btkd->bkgt", qg, ki.astype(jnp.float32))[..., None] * scale
+            for ki, _ in steps[1:]]                                            # [B,KVH,G,N,1]
+    probs = jax.nn.softmax(jnp.concatenate([s0] + diag, axis=-1), axis=-1)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :n], v0.astype(jnp.float32))
+    for i, (_, vi) in enumerate(steps[1:]):
+      out = out + jnp.einsum("bkgt,btkd->btkgd", probs[..., n + i], vi.astype(jnp.float32))
+    return out.reshape(b, n, hq, dh).astype(q.dtype), (k, v)
+  return attend
+
+
+def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Array,
+             loss_mask: jax.Array, length: jax.Array, *, ttt_steps: int, decay: float):
+  """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed: the target's [V, H].
+
+  Step j's prediction at anchor t is token t+2+j, labelled with the target's distribution at
+  position t+1+j (restricted to the draft vocabulary and renormalised); it counts where that
+  token is a reply token inside the sequence and in the draft vocabulary."""
+  b, n = tokens.shape
+  cfg = head.config
+  in_vocab = jnp.zeros((cfg.vocab_size,), bool).at[head.draft_to_target[...]].set(True)
+  pos = jnp.arange(n)[None, :]
+  feature = head.fuse(feats.taps)
+  prev, losses, accs, counts = [], [], [], []
+  run = jnp.ones((b, n), bool)                  # greedy chain still accepted at anchor t
+  accepted = []
+  for j in range(ttt_steps):
+    shift = lambda x, k: jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
+    nxt = shift(tokens, 1 + j)                                                  # token t+1+j
+    a, kv = head.layer(feature, embed[nxt], jnp.broadcast_to(pos + j, (b, n)),
+                       _ttt_attend(prev, cfg.head_dim ** -0.5))
+    prev.append(kv)
+    logits = head.draft_logits(a)                                              # [B, N, Vd]
+    label_logits = shift(feats.target_logits, 1 + j)                          # position t+1+j
+    label = shift(tokens, 2 + j)
+    valid = ((pos + 2 + j) < length[:, None]) & (shift(loss_mask, 2 + j) > 0) & in_vocab[label]
+    p = jax.nn.softmax(label_logits, axis=-1)
+    ce = -jnp.sum(p * jax.nn.log_softmax(logits, axis=-1), axis=-1)           # [B, N]
+    w = valid.astype(jnp.float32)
+    cnt = jnp.maximum(w.sum(), 1.0)
+    losses.append(jnp.sum(ce * w) / cnt)
+    hit = jnp.argmax(logits, -1) == jnp.argmax(label_logits, -1)
+    accs.append(jnp.sum(hit * w) / cnt)
+    counts.append(w.sum())
+    run = run & hit
+    accepted.append(run)
+    feature = a
+  weights = jnp.asarray([decay ** j for j in range(ttt_steps)], jnp.float32)
+  loss = jnp.sum(weights * jnp.stack(losses))
+  # Greedy AL with D = ttt_steps over anchors where every step has a label: 1 + accepted run.
+  full = ((pos + 1 + ttt_steps) < length[:, None]) & (shift(loss_mask, 1 + ttt_steps) > 0)
+  wf = full.astype(jnp.float32)
+  per_pos = jnp.stack([jnp.sum(r * wf) for r in accepted]) / jnp.maximum(wf.sum(), 1.0)
+  metrics = dict(loss=loss, step_loss=jnp.stack(losses), step_acc=jnp.stack(accs),
+                 step_count=jnp.stack(counts), accept_at=per_pos, al=1.0 + per_pos.sum(),
+                 al_count=wf.sum())
+  return loss, metrics
+
+
+def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: int = 3,
+                decay: float = 0.8, seed: int = 0, head: Eagle3Head | None = None):
+  """The EAGLE-3 `Task` for jspec.train.trainer: trainable = the head's Params; aux = the frozen
+  target and the head's draft vocabulary."""
+  from jspec.train.trainer import Task
+
+  if ttt_steps < 1:
+    raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
+  head = head if head is not None else init_head(target, draft_ids, taps=taps, seed=seed)
+  graphdef, params, rest = nnx.split(head, nnx.Param, ...)
+  tgraph, tweights = nnx.split(target)
+  taps = tuple(head.config.taps)
+
+  def loss(params, aux, batch):
+    tweights, rest = aux
+    tgt = nnx.merge(tgraph, tweights)
+    h = nnx.merge(graphdef, params, rest)
+    feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...])
+    return ttt_loss(h, tgt.embed.embedding[...], feats, batch["tokens"], batch["loss_mask"],
+                    batch["length"], ttt_steps=ttt_steps, decay=decay)
+
+  meta = dict(head=dataclasses.asdict(head.config), ttt_steps=ttt_steps, decay=decay,
+              draft_vocab_sha=_digest(np.asarray(head.draft_to_target[...])),
+              target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
+                          vocab=target.config.vocab_size))
+  task = Task(name="eagle3", params=params, aux=(tweights, rest), loss=loss, meta=meta)
+  task.module = lambda p: nnx.merge(graphdef, p, rest)
+  return task
+
+
+def _digest(a: np.ndarray) -> str:
+  import hashlib
+  return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]

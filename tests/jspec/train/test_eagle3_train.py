@@ -1,0 +1,210 @@
+"""EAGLE-3 training on tiny configs: TTT attention equals the drafting path it simulates, the loss
+falls and the trained head accepts on its own training prompts, a resumed run reproduces the
+uninterrupted loss curve, the speculators export round-trips, and bad heads fail early."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jspec import Decoder, SpecDecoder, count_compiles
+from jspec.drafters import speculators_format as sf
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from jspec.train import eagle3, trainer
+from jspec.train.data import FORMAT
+from models import KVCache, Llama, LlamaConfig
+
+CFG = LlamaConfig.tiny(vocab_size=64, num_layers=4)
+
+
+@pytest.fixture(scope="module")
+def target():
+  model = Llama(CFG, rngs=nnx.Rngs(0))
+  model.embed.embedding[...] = model.embed.embedding[...] * 4.0   # peaked, repetitive greedy text
+  return model
+
+
+def _prompts(n, seed=0):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, CFG.vocab_size, int(rng.integers(4, 9))).tolist() for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def data_dir(target, tmp_path_factory):
+  """Shards in `jspec train data`'s format: prompts answered greedily by the tiny target."""
+  d = tmp_path_factory.mktemp("eagle3_data")
+  prompts = _prompts(48)
+  out = Decoder(target).generate(prompts, max_new_tokens=40, eos=False)
+  seqs = [p + r for p, r in zip(prompts, out.token_ids)]
+  masks = [[0] * len(p) + [1] * len(r) for p, r in zip(prompts, out.token_ids)]
+  np.savez(d / "shard_00000.npz", tokens=np.concatenate(seqs).astype(np.int32),
+           offsets=np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
+           loss_mask=np.concatenate(masks).astype(np.uint8),
+           prompt_ids=np.asarray([f"p{i}" for i in range(len(seqs))]),
+           turns=np.ones(len(seqs), np.int32))
+  (d / "manifest.json").write_text(json.dumps(
+      {"format": FORMAT, "complete": True, "shards": [{"file": "shard_00000.npz"}]}))
+  return str(d), prompts
+
+
+def test_ttt_attention_equals_the_drafting_path(target):
+  """TTT step j at anchor t must see exactly what drafting token t+2+j sees: step-0 K/V at
+  positions <= t (the target's features) plus the head's own K/V at t+1 .. t+j."""
+  head = Eagle3Head(Eagle3Config.for_target(CFG, draft_vocab_size=50), rngs=nnx.Rngs(3))
+  head.draft_to_target[...] = jnp.arange(50, dtype=jnp.int32) + 7
+  n, steps = 12, 3
+  tokens = jnp.asarray(_prompts(1, 5)[0] * 3, jnp.int32)[None, :n]
+  feats = eagle3.target_features(target, tokens, head.config.taps,
+                                 head.draft_to_target[...])
+  embed = target.embed.embedding[...]
+  # TTT logits per step, recomputed here through the loss' own pieces
+  outs, prev, feature = [], [], head.fuse(feats.taps)
+  pos = jnp.arange(n)[None]
+  for j in range(steps):
+    nxt = jnp.concatenate([tokens[:, 1 + j:], jnp.zeros((1, 1 + j), jnp.int32)], axis=1)
+    a, kv = head.layer(feature, embed[nxt], pos + j,
+                       eagle3._ttt_attend(prev, CFG.head_dim ** -0.5))
+    prev.append(kv)
+    outs.append(head.draft_logits(a))
+    feature = a
+  drafter = Eagle3Drafter(None, steps, head.config.taps, attention_impl="reference")
+  for t in (0, 4, 7):
+    cache = KVCache.init(head.config.layer_config(), 1, 32)
+    cache, feat, logits = drafter._catch_up(
+        head, embed, cache, tuple(x[:, :t + 1] for x in feats.taps), tokens[:, 1:t + 2],
+        jnp.zeros((1,), jnp.int32), jnp.asarray([t + 1]))
+    np.testing.assert_allclose(logits, outs[0][:, t], atol=2e-5)
+    for j in range(1, steps):
+      from jspec.drafters.eagle3 import cache_attend
+      a, cache = head.layer(feat[:, None], embed[tokens[:, t + 1 + j]][:, None],
+                            cache.lengths[:, None], cache_attend(cache, "reference"))
+      cache = cache.with_lengths(cache.lengths + 1)
+      feat = a[:, 0]
+      np.testing.assert_allclose(head.draft_logits(feat), outs[j][:, t], atol=2e-5)
+
+
+def _config(**kw):
+  base = dict(steps=60, batch_size=8, seq_len=64, lr=3e-3, warmup=5, save_every=20,
+              eval_every=20, holdout=8)
+  base.update(kw)
+  return trainer.TrainConfig(**base)
+
+
+def test_training_lowers_loss_and_the_head_accepts(target, data_dir, tmp_path):
+  data, prompts = data_dir
+  ids = eagle3.draft_vocab(np.arange(CFG.vocab_size)[::-1].copy(), 56)
+  task = eagle3.eagle3_task(target, ids, ttt_steps=3)
+  history = trainer.train(task, data, str(tmp_path / "run"), _config(), progress=False)
+  first, last = np.mean([r["loss"] for r in history[:5]]), np.mean([r["loss"] for r in history[-5:]])
+  assert last < first - 1.0, (first, last)
+  assert history[-1]["eval"]["al"] > 1.5                 # the held-out greedy estimate
+  head = task.module(task.params)
+  spec = SpecDecoder(target, {"method": "eagle3", "num_speculative_tokens": 3}, draft_model=head)
+  out = spec.generate(prompts[:8], max_new_tokens=32, eos=False)
+  untrained = SpecDecoder(target, {"method": "eagle3", "num_speculative_tokens": 3},
+                          draft_model=eagle3.init_head(target, ids, seed=1))
+  base = untrained.generate(prompts[:8], max_new_tokens=32, eos=False)
+  assert out.acceptance_length > 1.5 and out.acceptance_length > base.acceptance_length + 0.3, \
+      (out.acceptance_length, base.acceptance_length)
+  assert out.token_ids == Decoder(target).generate(prompts[:8], max_new_tokens=32,
+                                                   eos=False).token_ids
+
+
+def test_resume_reproduces_the_uninterrupted_run(target, data_dir, tmp_path):
+  data, _ = data_dir
+  ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
+  cfg = _config(steps=24, save_every=5)
+  whole = trainer.train(eagle3.eagle3_task(target, ids), data, str(tmp_path / "a"), cfg,
+                        progress=False)
+  part1 = trainer.train(eagle3.eagle3_task(target, ids), data, str(tmp_path / "b"), cfg,
+                        progress=False, stop_after=13)     # stops between two periodic saves
+  part2 = trainer.train(eagle3.eagle3_task(target, ids), data, str(tmp_path / "b"), cfg,
+                        progress=False)
+  assert [r["step"] for r in part1 + part2] == list(range(1, 25))
+  np.testing.assert_allclose([r["loss"] for r in part1 + part2], [r["loss"] for r in whole],
+                             atol=1e-5, rtol=0)
+  ckpts = sorted(os.listdir(tmp_path / "b" / "checkpoints"))
+  assert len([c for c in ckpts if c.isdigit()]) <= cfg.keep
+  with pytest.raises(ValueError, match="checkpoints of another run"):
+    trainer.train(eagle3.eagle3_task(target, ids, ttt_steps=2), data, str(tmp_path / "b"),
+                  _config(steps=30, save_every=5), progress=False)
+
+
+def test_draft_vocab_is_the_most_frequent_sorted():
+  counts = np.asarray([5, 9, 0, 9, 1, 7])
+  assert eagle3.draft_vocab(counts, 3).tolist() == [1, 3, 5]
+  with pytest.raises(ValueError, match=r"draft vocabulary size must be in \[1, 6\]"):
+    eagle3.draft_vocab(counts, 7)
+
+
+@pytest.fixture
+def saved_head(target, tmp_path):
+  head = eagle3.init_head(target, np.arange(3, 60, 2), seed=4)
+  folder = str(tmp_path / "head")
+  sf.save_eagle3(head, folder, dtype=jnp.float32, verifier="tiny")
+  return head, folder
+
+
+def test_speculators_export_round_trips(saved_head):
+  head, folder = saved_head
+  cfg = json.load(open(os.path.join(folder, "config.json")))
+  assert cfg["speculators_model_type"] == "eagle3"
+  assert cfg["eagle_aux_hidden_state_layer_ids"] == list(head.config.taps)
+  from safetensors.numpy import load_file
+  w = load_file(os.path.join(folder, "model.safetensors"))
+  assert w["fc.weight"].shape == (CFG.hidden_size, 3 * CFG.hidden_size)          # [out, in]
+  assert w["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * CFG.hidden_size
+  ids = np.arange(3, 60, 2)
+  np.testing.assert_array_equal(w["d2t"] + np.arange(len(ids)), ids)
+  assert w["t2d"].sum() == len(ids) and w["t2d"][ids].all()
+  assert "embed_tokens.weight" not in w                 # the target's embedding is never copied
+  loaded = sf.load_eagle3(folder)
+  for a, b in zip(jax.tree_util.tree_leaves(nnx.state(head)),
+                  jax.tree_util.tree_leaves(nnx.state(loaded))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _corrupt(folder, how):
+  w = os.path.join(folder, "model.safetensors")
+  c = os.path.join(folder, "config.json")
+  if how == "missing":
+    os.remove(w)
+  elif how == "checksum":
+    data = bytearray(open(w, "rb").read())
+    data[-3] ^= 0xFF
+    open(w, "wb").write(bytes(data))
+  else:
+    cfg = json.load(open(c))
+    key = {"hidden": "hidden_size", "vocab": "vocab_size"}[how]
+    cfg["transformer_layer_config"][key] *= 2
+    open(c, "w").write(json.dumps(cfg))
+    os.remove(os.path.join(folder, "checksums.json"))
+
+
+@pytest.mark.parametrize("how, message", [
+    ("missing", "model.safetensors is missing"),
+    ("checksum", "has sha256 .* expected"),
+    ("hidden", "hidden size 128 differs from the target's 64|has shape"),
+    ("vocab", "vocabulary 128 differs from the target's 64"),
+])
+def test_bad_head_fails_before_compiling(target, saved_head, how, message):
+  _, folder = saved_head
+  _corrupt(folder, how)
+  with count_compiles() as c:
+    with pytest.raises(ValueError, match=message):
+      SpecDecoder(target, {"method": "eagle3", "num_speculative_tokens": 2, "head": folder})
+  assert c.count == 0
+
+
+def test_eagle3_never_recompiles_after_warmup(target, saved_head):
+  _, folder = saved_head
+  spec = SpecDecoder(target, {"method": "eagle3", "num_speculative_tokens": 3, "head": folder})
+  kw = dict(max_new_tokens=60, temperature=[0.0, 1.0], eos=False)
+  spec.generate(_prompts(2, 1), **kw)
+  with count_compiles() as c:
+    out = spec.generate(_prompts(2, 2), seed=3, **kw)
+  assert c.count == 0 and out.rounds > 20
