@@ -93,6 +93,11 @@ def _ttt_attend(prev: list, scale: float):
   return attend
 
 
+def _shift(x: jax.Array, k: int) -> jax.Array:
+  """x[:, t + k] at t (zeros past the end)."""
+  return jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
+
+
 def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Array,
              loss_mask: jax.Array, length: jax.Array, *, ttt_steps: int, decay: float):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed: the target's [V, H].
@@ -109,15 +114,14 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   run = jnp.ones((b, n), bool)                  # greedy chain still accepted at anchor t
   accepted = []
   for j in range(ttt_steps):
-    shift = lambda x, k: jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
-    nxt = shift(tokens, 1 + j)                                                  # token t+1+j
+    nxt = _shift(tokens, 1 + j)                                                  # token t+1+j
     a, kv = head.layer(feature, embed[nxt], jnp.broadcast_to(pos + j, (b, n)),
                        _ttt_attend(prev, cfg.head_dim ** -0.5))
     prev.append(kv)
     logits = head.draft_logits(a)                                              # [B, N, Vd]
-    label_logits = shift(feats.target_logits, 1 + j)                          # position t+1+j
-    label = shift(tokens, 2 + j)
-    valid = ((pos + 2 + j) < length[:, None]) & (shift(loss_mask, 2 + j) > 0) & in_vocab[label]
+    label_logits = _shift(feats.target_logits, 1 + j)                          # position t+1+j
+    label = _shift(tokens, 2 + j)
+    valid = ((pos + 2 + j) < length[:, None]) & (_shift(loss_mask, 2 + j) > 0) & in_vocab[label]
     p = jax.nn.softmax(label_logits, axis=-1)
     ce = -jnp.sum(p * jax.nn.log_softmax(logits, axis=-1), axis=-1)           # [B, N]
     w = valid.astype(jnp.float32)
@@ -132,7 +136,7 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   weights = jnp.asarray([decay ** j for j in range(ttt_steps)], jnp.float32)
   loss = jnp.sum(weights * jnp.stack(losses))
   # Greedy AL with D = ttt_steps over anchors where every step has a label: 1 + accepted run.
-  full = ((pos + 1 + ttt_steps) < length[:, None]) & (shift(loss_mask, 1 + ttt_steps) > 0)
+  full = ((pos + 1 + ttt_steps) < length[:, None]) & (_shift(loss_mask, 1 + ttt_steps) > 0)
   wf = full.astype(jnp.float32)
   per_pos = jnp.stack([jnp.sum(r * wf) for r in accepted]) / jnp.maximum(wf.sum(), 1.0)
   metrics = dict(loss=loss, step_loss=jnp.stack(losses), step_acc=jnp.stack(accs),

@@ -18,7 +18,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,26 +72,6 @@ class Task:
   meta: dict                                    # JSON: everything that must match on resume
 
 
-def _datasets(data_dir: str, cfg: TrainConfig):
-  """(train iterator, held-out batches): a fixed permutation puts `holdout` sequences aside."""
-  import grain
-
-  from jspec.train.data import TokenShards
-  source = TokenShards(data_dir, cfg.seq_len)
-  n = len(source)
-  if n - cfg.holdout < cfg.batch_size:
-    raise ValueError(f"{data_dir} has {n} sequences: too few for holdout={cfg.holdout} plus one "
-                     f"batch of {cfg.batch_size}; regenerate more data or lower them")
-  perm = np.random.default_rng(12345).permutation(n)
-  held = [source[int(i)] for i in perm[:cfg.holdout]]
-  train = grain.MapDataset.source(source).shuffle(seed=12345)[cfg.holdout:]
-  train = train.shuffle(seed=cfg.seed).repeat(None).batch(cfg.batch_size, drop_remainder=True)
-  it = iter(train.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)))
-  stack = lambda rows: {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-  eval_batches = [stack(held[i:i + cfg.batch_size]) for i in range(0, len(held), cfg.batch_size)]
-  return it, eval_batches
-
-
 def _manager(ckpt_dir: str, cfg: TrainConfig):
   import orbax.checkpoint as ocp
   return ocp.CheckpointManager(
@@ -111,10 +90,14 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
   from tqdm import tqdm
 
   from jspec.io import check_writable
+  from jspec.train.data import heldout_batches, make_iterator
   log = log or (lambda s: print(s, file=sys.stderr))
   os.makedirs(out_dir, exist_ok=True)
   check_writable(os.path.join(out_dir, "train_log.jsonl"))
-  it, eval_batches = _datasets(data_dir, cfg)
+  it = make_iterator(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
+                     holdout=cfg.holdout, num_threads=1, prefetch=4)
+  eval_batches = heldout_batches(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+                                 holdout=cfg.holdout)
   opt = optimizer(cfg)
   params, opt_state = task.params, opt.init(task.params)
   meta = dict(task=task.name, config=dataclasses.asdict(cfg), **task.meta)

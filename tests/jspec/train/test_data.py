@@ -1,0 +1,401 @@
+"""The drafter-training data pipeline on a tiny random model with a character-level tokenizer and
+SmolLM2's chat template: shard contents against an independent decode, resume = uninterrupted
+(byte-identical), config mismatch, the grain source and iterator state, token counts."""
+
+import json
+import os
+import re
+import types
+
+import numpy as np
+import pytest
+from flax import nnx
+
+from jspec import Decoder
+from jspec.train import data
+from models import Llama, LlamaConfig, LoadedModel, Tokenizer
+
+# SmolLM2-135M-Instruct's chat template, as stored in its GGUF
+SMOL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+    "<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% endif %}")
+SMOL_SYSTEM = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+               "Hugging Face<|im_end|>\n")
+
+SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
+PIECES = SPECIALS + [chr(c) for c in range(32, 127)] + ["\n"]          # ids 0..98
+PIECES += [f"<{chr(97 + i)}>" for i in range(128 - len(PIECES))]        # ids 99..127: multi-char
+EOS_IDS = [2, 120, 121, 122, 123, 124, 125, 126]   # several EOS ids: a random model stops often
+CFG = LlamaConfig.tiny(vocab_size=128)
+
+
+class CharBackend:
+  """A character-level stand-in for a `tokenizers.Tokenizer` (encode/decode/special tokens)."""
+
+  def encode(self, text, add_special_tokens=False):
+    ids, i = [], 0
+    while i < len(text):
+      for s, name in enumerate(SPECIALS[1:], 1):
+        if text.startswith(name, i):
+          ids.append(s)
+          i += len(name)
+          break
+      else:
+        ids.append(PIECES.index(text[i]) if text[i] in PIECES[3:99] else PIECES.index("?"))
+        i += 1
+    return types.SimpleNamespace(ids=ids)
+
+  def decode(self, ids, skip_special_tokens=False):
+    return "".join(PIECES[i] for i in ids if not (skip_special_tokens and i < len(SPECIALS)))
+
+  def get_vocab_size(self, with_added_tokens=True):
+    return len(PIECES)
+
+  def id_to_token(self, i):
+    return PIECES[i]
+
+
+def char_tokenizer(template=SMOL_TEMPLATE):
+  return Tokenizer(CharBackend(), bos_id=None, eos_ids=EOS_IDS, chat_template=template)
+
+
+PROMPTS = [
+    {"id": f"p{i:02d}", "category": "general" if i % 3 else "coding",
+     "messages": [{"role": "user", "content": text}], "source": "test"}
+    for i, text in enumerate(["What is 2+2?", "Name three colours.", "Write a haiku about rain.",
+                              "Sort [3, 1, 2] in Python.", "Why is the sky blue? Be brief.",
+                              "hi", "Translate 'cat' to French.", "Count to five.",
+                              "Give me a long, detailed story about a dragon and a knight who "
+                              "become friends after a long misunderstanding in the mountains."])]
+PROMPTS.append({"id": "mt", "category": "multi_turn", "source": "test", "messages": [
+    {"role": "user", "content": "Recommend a game."}, {"role": "assistant", "content": "Chess."},
+    {"role": "user", "content": "Something shorter?"}]})
+KW = dict(shard_size=4, batch_size=2, max_new_tokens=24, temperature=1.0, seed=3, multi_turn=0.7,
+          model_name="tiny", progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return Llama(CFG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def regen_dir(tiny, tok, tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("regen"))
+  data.regenerate(tiny, tok, PROMPTS, out, **KW)
+  return out
+
+
+def _shard_sequences(out):
+  """(prompt id, tokens, loss_mask, turns, stopped) per sequence, straight from the npz files."""
+  rows = []
+  for s in data.read_manifest(out)["shards"]:
+    with np.load(os.path.join(out, s["file"])) as z:
+      off = z["offsets"]
+      for j in range(len(off) - 1):
+        rows.append((str(z["prompt_ids"][j]), z["tokens"][off[j]:off[j + 1]],
+                     z["loss_mask"][off[j]:off[j + 1]], int(z["turns"][j]), int(z["stopped"][j])))
+  return rows
+
+
+def _runs(mask):
+  """[start, end) of each run of ones."""
+  d = np.diff(np.concatenate([[0], mask.astype(int), [0]]))
+  return list(zip(np.nonzero(d == 1)[0], np.nonzero(d == -1)[0]))
+
+
+# Chat-template pieces ---------------------------------------------------------------------------
+
+
+def test_header_and_turn_glue(tok):
+  assert data.user_header(tok) == SMOL_SYSTEM + "<|im_start|>user\n"
+  assert data.user_header(tok, system="Be brief.") == \
+      "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+  msgs = PROMPTS[-1]["messages"]
+  after_reply, after_user = data.turn_glue(tok, msgs)
+  assert (after_reply, after_user) == ("<|im_end|>\n<|im_start|>user\n",
+                                       "<|im_end|>\n<|im_start|>assistant\n")
+  # the pieces rebuild the template's own rendering of the continued conversation
+  full = tok.apply_chat_template(list(msgs) + [{"role": "assistant", "content": "A."},
+                                               {"role": "user", "content": "B?"}])
+  assert full == tok.apply_chat_template(msgs) + "A." + after_reply + "B?" + after_user
+  # the context for a sampled next user turn: the reply's EOS closes the turn if it is the
+  # template's own end-of-turn token, else the template closes it
+  prompt = tok.encode(tok.apply_chat_template(msgs))
+  for reply, closing in [([40, 41, 2], ""), ([40, 41, 120], "<|im_end|>")]:
+    ctx, glue = data._next_user_context(tok, msgs, prompt + reply)
+    assert ctx[:len(prompt) + 3] == prompt + reply and glue == after_user
+    assert tok.decode(ctx[len(prompt) + 3:]) == closing + "\n<|im_start|>user\n"
+  lowered = char_tokenizer(SMOL_TEMPLATE.replace("message['content']", "message['content']|lower"))
+  with pytest.raises(ValueError, match="verbatim"):
+    data.user_header(lowered)
+
+
+@pytest.mark.slow
+def test_header_from_real_smollm2_template():
+  """The real tokenizer and template from the GGUF's metadata (no weights loaded)."""
+  from models.gguf_loader import metadata, open_gguf
+  from models.registry import DEFAULT_MODEL, resolve
+  real = Tokenizer.from_gguf_metadata(metadata(open_gguf(resolve(DEFAULT_MODEL, quiet=True))))
+  header = data.user_header(real)
+  assert header == SMOL_SYSTEM + "<|im_start|>user\n"
+  im_end = real.encode("<|im_end|>")
+  assert len(im_end) == 1 and im_end[0] in real.eos_ids
+  assert real.encode(header)[-3:] == real.encode("<|im_start|>user\n")
+  assert data.turn_glue(real, [{"role": "user", "content": "Hi"}]) == (
+      "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
+
+
+# Magpie prompts ---------------------------------------------------------------------------------
+
+
+def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeypatch):
+  kw = dict(num_prompts=10, batch_size=4, max_new_tokens=48, seed=1, model_name="tiny",
+            progress=False)
+  full = data.synthesize_prompts(tiny, tok, str(tmp_path / "a.jsonl"), **kw)
+  texts = [r["messages"][0]["content"] for r in full]
+  assert len(full) == 10 and len(set(texts)) == 10
+  assert int(full[-1]["id"].split("-")[1]) >= 2          # it took at least three batches
+  for r in full:
+    assert r["category"] == "magpie" and r["source"].startswith("magpie: user turn sampled by tiny")
+    assert [m["role"] for m in r["messages"]] == ["user"]
+    t = r["messages"][0]["content"]
+    assert len(t) >= data.MIN_PROMPT_CHARS and t == t.strip()
+    assert not any(s in t for s in SPECIALS)
+
+  # interrupted in the second batch, then resumed; grown from 5 prompts (a batch cut short) to 10
+  b, calls = str(tmp_path / "b.jsonl"), []
+  real_call = data._Generator.__call__
+
+  def flaky(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return real_call(self, *a, **k)
+
+  monkeypatch.setattr(data._Generator, "__call__", flaky)
+  with pytest.raises(KeyboardInterrupt):
+    data.synthesize_prompts(tiny, tok, b, **kw)
+  monkeypatch.setattr(data._Generator, "__call__", real_call)
+  assert 0 < len(data._read_jsonl(b)) < 10
+  assert data.synthesize_prompts(tiny, tok, b, **kw) == full
+  assert open(b, "rb").read() == open(tmp_path / "a.jsonl", "rb").read()
+
+  c = str(tmp_path / "c.jsonl")
+  assert data.synthesize_prompts(tiny, tok, c, **{**kw, "num_prompts": 5}) == full[:5]
+  assert data.synthesize_prompts(tiny, tok, c, **kw) == full
+  with pytest.raises(ValueError, match="another out_path"):
+    data.synthesize_prompts(tiny, tok, c, **{**kw, "temperature": 0.7})
+
+
+# Regeneration -----------------------------------------------------------------------------------
+
+
+def test_shards_hold_prompt_plus_generated_reply(tiny, tok, regen_dir):
+  rows = _shard_sequences(regen_dir)
+  assert [r[0] for r in rows] == [p["id"] for p in PROMPTS]
+  by_id = {p["id"]: p for p in PROMPTS}
+  eos = set(EOS_IDS)
+  n_two = 0
+  for pid, tokens, mask, turns, stopped in rows:
+    prompt = tok.encode(tok.apply_chat_template(by_id[pid]["messages"]))
+    assert tokens.dtype == np.int32 and mask.dtype == np.uint8
+    assert tokens[:len(prompt)].tolist() == prompt and not mask[:len(prompt)].any()
+    runs = _runs(mask)
+    assert len(runs) == turns and runs[0][0] == len(prompt)
+    for (lo, hi), last in zip(runs, [False] * (turns - 1) + [True]):
+      reply = tokens[lo:hi].tolist()
+      assert not eos & set(reply[:-1])               # a reply stops at its first EOS ...
+      assert (reply[-1] in eos) or len(reply) == KW["max_new_tokens"]   # ... or at the limit
+      if last:
+        assert stopped == (reply[-1] in eos)
+      else:
+        assert reply[-1] in eos                      # only finished replies are continued
+    if turns == 2:
+      n_two += 1
+      (_, hi1), (lo2, _) = runs
+      between = tok.decode(tokens[hi1:lo2])
+      closing = "" if tokens[hi1 - 1] == 2 else "<|im_end|>"
+      m = re.fullmatch(re.escape(closing + "\n<|im_start|>user\n") + r"(.+)"
+                       + re.escape("<|im_end|>\n<|im_start|>assistant\n"), between, re.S)
+      assert m and len(m.group(1)) >= data.MIN_PROMPT_CHARS
+  assert n_two >= 2   # multi_turn=0.7 over 10 prompts continues several conversations
+
+
+def test_batch_plan_bounds_rows_and_prefill_memory(tiny):
+  gen = data._Generator(tiny, EOS_IDS, batch_size=8, pad_multiple=128, prefill_attention_mb=4)
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(5, 400, 40).tolist()
+  rows = [[3] * n for n in lengths]
+  plan = gen.plan(rows, [32] * len(rows))
+  assert sorted(i for b in plan for i in b) == list(range(40))
+  flat = [i for b in plan for i in b]
+  assert [lengths[i] for i in flat] == sorted(lengths)          # batched by length
+  sizes = []
+  for b in plan:
+    width = gen.padded_len(max(lengths[i] for i in b))[1]
+    cells = len(b) * CFG.num_heads * width * (width + 32)
+    assert len(b) <= 8 and (len(b) == 1 or cells * 4 <= 4 * 2**20)   # 4 MB of fp32 scores
+    sizes.append(len(b))
+  assert sizes[0] == 8 and min(sizes) < 8       # short prompts fill a batch, long ones do not
+
+
+def test_greedy_reply_equals_independent_decode(tiny, tok, tmp_path):
+  out = str(tmp_path / "greedy")
+  data.regenerate(tiny, tok, PROMPTS[:5], out, **{**KW, "temperature": 0.0, "multi_turn": 0.0})
+  dec = Decoder(tiny, eos_ids=EOS_IDS)
+  for (pid, tokens, mask, _, _), p in zip(_shard_sequences(out), PROMPTS):
+    prompt = tok.encode(tok.apply_chat_template(p["messages"]))
+    ref = dec.generate([prompt], max_new_tokens=KW["max_new_tokens"])   # alone, unpadded
+    got = tokens[len(prompt):].tolist()
+    ties = [k for k, m in enumerate(ref.margins[0]) if m < 1e-4]
+    upto = ties[0] if ties else None                # compare up to the first near-tie
+    assert got[:upto] == ref.token_ids[0][:upto], pid
+    assert mask[len(prompt):].all()
+
+
+def test_manifest_counts_match_shards(regen_dir):
+  m = data.read_manifest(regen_dir)
+  rows = _shard_sequences(regen_dir)
+  assert m["complete"] and [s["prompts"] for s in m["shards"]] == [4, 4, 2]
+  assert m["config"]["model"] == "tiny" and m["config"]["multi_turn"] == 0.7
+  assert m["totals"]["sequences"] == len(rows) == len(PROMPTS)
+  assert m["totals"]["tokens"] == sum(len(r[1]) for r in rows)
+  assert m["totals"]["response_tokens"] == sum(int(r[2].sum()) for r in rows)
+  assert m["totals"]["multi_turn"] == sum(r[3] == 2 for r in rows)
+  assert m["categories"]["coding"]["sequences"] == 3
+  assert m["categories"]["multi_turn"]["sequences"] == 1
+
+
+def test_resume_after_interruption_is_byte_identical(tiny, tok, regen_dir, tmp_path, monkeypatch):
+  out, seen = str(tmp_path / "resumed"), []
+  real_shard = data._regenerate_shard
+
+  def stop_at_shard_1(gen, tok_, chunk, k, *a, **kw):
+    seen.append(k)
+    if k == 1 and seen.count(1) == 1:
+      raise RuntimeError("interrupted")
+    return real_shard(gen, tok_, chunk, k, *a, **kw)
+
+  monkeypatch.setattr(data, "_regenerate_shard", stop_at_shard_1)
+  with pytest.raises(RuntimeError, match="interrupted"):
+    data.regenerate(tiny, tok, PROMPTS, out, **KW)
+  partial = data.read_manifest(out)
+  assert not partial["complete"] and len(partial["shards"]) == 1
+  assert sorted(os.listdir(out)) == ["manifest.json", "shard_00000.npz"]
+  with pytest.warns(UserWarning, match="not complete"):
+    assert len(data.TokenShards(out, seq_len=8)) == 4
+  data.regenerate(tiny, tok, PROMPTS, out, **KW)
+  assert seen == [0, 1, 1, 2]                     # shard 0 was not redone
+  for k in range(3):
+    name = f"shard_{k:05d}.npz"
+    assert open(os.path.join(out, name), "rb").read() == \
+        open(os.path.join(regen_dir, name), "rb").read(), name
+  strip = lambda m: [{k: v for k, v in s.items() if k not in ("seconds", "generated_tokens")}
+                     for s in m["shards"]]
+  assert strip(data.read_manifest(out)) == strip(data.read_manifest(regen_dir))
+
+
+def test_config_mismatch_is_an_error(tiny, tok, regen_dir):
+  with pytest.raises(ValueError,
+                     match=r"another config \(max_new_tokens: 24 there, 25 now\).*another out_dir"):
+    data.regenerate(tiny, tok, PROMPTS, regen_dir, **{**KW, "max_new_tokens": 25})
+  with pytest.raises(ValueError, match="prompts_sha256"):
+    data.regenerate(tiny, tok, PROMPTS[:-1] + [{**PROMPTS[-1], "id": "other"}], regen_dir, **KW)
+  with pytest.raises(ValueError, match="ids must be unique"):
+    data.regenerate(tiny, tok, PROMPTS + PROMPTS[:1], regen_dir, **KW)
+
+
+def test_manifest_without_a_newer_batching_key_resumes(tiny, tok, regen_dir, tmp_path):
+  import shutil
+  out = str(tmp_path / "old")
+  shutil.copytree(regen_dir, out)
+  m = data.read_manifest(out)
+  del m["config"]["prefill_attention_mb"]
+  data._write_json(os.path.join(out, data.MANIFEST), m)
+  with pytest.warns(UserWarning, match="predates"):
+    again = data.regenerate(tiny, tok, PROMPTS, out, **KW)
+  assert again["config"] == data.read_manifest(regen_dir)["config"]
+  assert again["shards"] == data.read_manifest(regen_dir)["shards"]     # nothing redone
+
+
+# Loading ----------------------------------------------------------------------------------------
+
+
+def test_token_shards_pad_and_truncate(regen_dir):
+  rows = _shard_sequences(regen_dir)
+  lengths = [len(r[1]) for r in rows]
+  seq_len = int(np.median(lengths))              # some sequences longer, some shorter
+  assert min(lengths) < seq_len < max(lengths)
+  ds = data.TokenShards(regen_dir, seq_len=seq_len)
+  assert len(ds) == len(rows)
+  for i, (_, tokens, mask, _, _) in enumerate(rows):
+    item = ds[i]
+    n = min(len(tokens), seq_len)
+    assert item["tokens"].shape == item["loss_mask"].shape == (seq_len,)
+    assert item["tokens"].dtype == np.int32 and item["length"] == n
+    assert item["tokens"][:n].tolist() == tokens[:n].tolist()      # the start is kept
+    assert item["loss_mask"][:n].tolist() == mask[:n].tolist()
+    assert not item["tokens"][n:].any() and not item["loss_mask"][n:].any()
+  with pytest.raises(IndexError):
+    ds[len(ds)]
+
+
+def test_iterator_state_restores_the_data_order(regen_dir):
+  kw = dict(seq_len=CFG.max_position, batch_size=3, seed=11)   # untruncated: items distinguishable
+  it = data.make_iterator(regen_dir, **kw)
+  first = [next(it) for _ in range(5)]
+  state = data.iterator_state(it)
+  json.dumps(state)
+  after = [next(it) for _ in range(5)]
+  again = data.restore_iterator(regen_dir, state, **kw)
+  for a, b in zip(after, [next(again) for _ in range(5)]):
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+  # each epoch is a fresh permutation of the 10 sequences: the first 30 items cover each 3 times
+  ds = data.TokenShards(regen_dir, seq_len=CFG.max_position)
+  key = {ds[i]["tokens"].tobytes(): i for i in range(len(ds))}
+  assert len(key) == len(ds)
+  order = [key[t.tobytes()] for b in first + after for t in b["tokens"]]
+  for e in range(3):
+    assert sorted(order[10 * e:10 * e + 10]) == list(range(10))
+  assert order[:10] != order[10:20] and order[:10] != list(range(10))
+  other = data.make_iterator(regen_dir, **{**kw, "seed": 12})
+  assert [key[t.tobytes()] for _ in range(3) for t in next(other)["tokens"]] != order[:9]
+
+
+def test_token_counts_match_numpy(regen_dir):
+  rows = _shard_sequences(regen_dir)
+  counts = data.token_counts(regen_dir, CFG.vocab_size)
+  direct = np.zeros(CFG.vocab_size, np.int64)
+  for _, tokens, mask, _, _ in rows:
+    np.add.at(direct, tokens[mask == 1], 1)
+  assert counts.dtype == np.int64 and np.array_equal(counts, direct)
+  assert counts.sum() == data.read_manifest(regen_dir)["totals"]["response_tokens"] > 0
+  with pytest.raises(ValueError, match="vocab_size"):
+    data.token_counts(regen_dir, 50)
+
+
+def test_build_dataset_end_to_end(tiny, tok, tmp_path):
+  prompt_file = tmp_path / "prompts.jsonl"
+  prompt_file.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:3]))
+  lm = LoadedModel(model=tiny, tokenizer=tok, name="tiny", source="")
+  out = str(tmp_path / "built")
+  kw = dict(prompt_files=[str(prompt_file)], num_magpie=3, magpie_batch_size=8,
+            magpie_max_new_tokens=48, shard_size=4, batch_size=2, max_new_tokens=8, progress=False)
+  m = data.build_dataset(lm, out, **kw)
+  assert m["complete"] and m["totals"]["sequences"] == 6
+  assert m["prompt_files"] == {str(prompt_file): 3, os.path.join(out, "magpie.jsonl"): 3}
+  assert m["categories"]["magpie"]["sequences"] == 3
+  ids = [r[0] for r in _shard_sequences(out)]
+  assert ids[:3] == ["p00", "p01", "p02"] and all(i.startswith("magpie-") for i in ids[3:])
+  before = {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)}
+  assert data.build_dataset(lm, out, **kw)["totals"] == m["totals"]     # rerun: nothing redone
+  assert {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)} == before
