@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+import tempfile
 
 
 def _load(name: str):
@@ -15,38 +18,117 @@ def _load(name: str):
     sys.exit(f"jspec: {e}")
 
 
-def _spec_config(args):
-  from jspec.config import SpeculativeConfig
+def _at_least_1(args, *flags: str) -> None:
+  """Counts are checked as Python ints before the model loads (no int32 wrap, no wasted load)."""
+  for flag in flags:
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if value is not None and value < 1:
+      sys.exit(f"jspec: {flag} must be >= 1, got {value}")
 
-  cfg = dict(method=args.drafter, num_speculative_tokens=args.num_draft)
-  if args.drafter == "ngram":
-    cfg.update(prompt_lookup_min=args.ngram_min, prompt_lookup_max=args.ngram_max)
-  elif args.drafter == "layer-skip":
-    cfg.update(num_layers=args.draft_layers)
-  elif args.drafter == "draft-model":
-    cfg.update(draft_model=args.draft_model)
+
+def _check_context(loaded, conversations, max_new: int) -> None:
+  """Right after the load, before any work: the longest prompt + --max-new-tokens must fit."""
+  tok = loaded.tokenizer
+  longest = max(len(tok.encode(tok.apply_chat_template(list(m)))) for m in conversations)
+  limit = loaded.model.config.max_position
+  if longest + max_new > limit:
+    sys.exit(f"jspec: the longest prompt ({longest} tokens) + --max-new-tokens ({max_new}) exceeds "
+             f"the model's context of {limit}; " + (
+                 f"lower --max-new-tokens to at most {limit - longest}" if longest < limit
+                 else "use shorter prompts"))
+
+
+def _check_outputs(args, files=(), folder=None, names=()) -> None:
+  """Every file the command will write is checked before any work: `files`, and `names` inside
+  `folder` (created if missing). Remembered in args.outputs for the interrupt message."""
+  from jspec.io import check_writable
+  try:
+    args.outputs = [check_writable(p) for p in files if p]
+    if folder:
+      for name in names:
+        check_writable(os.path.join(folder, name), create_folder=True)
+      args.outputs.append(os.path.join(os.path.abspath(folder), ""))
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+
+
+def _save_text(args, path: str, text: str) -> bool:
+  """Writes `text` atomically; on failure says why and returns False (the caller keeps going so
+  that the rest of the report is not lost)."""
+  from jspec.io import atomic_write_text
+  try:
+    atomic_write_text(path, text)
+  except OSError as e:
+    print(f"jspec: could not write {path}: {e.strerror or e}", file=sys.stderr)
+    return False
+  args.saved.append(os.path.abspath(path))
+  return True
+
+
+def _drafter_names() -> list[str]:
+  from jspec.drafters import registry
+  return sorted(m.cli_name for m in registry.methods().values())
+
+
+def _add_drafter_flags(parser) -> None:
+  """Every registered method's own flags (e.g. --ngram-max, --draft-layers, --head)."""
+  from jspec.drafters import registry
+
+  seen = set()
+  for entry in registry.methods().values():
+    for f in entry.cli_flags:
+      if f.flag not in seen:
+        seen.add(f.flag)
+        parser.add_argument(f.flag, type=f.type, default=None,
+                            help=f"{f.help} [{entry.cli_name}]")
+
+
+def _spec_config(drafter: str, num_draft: int, args):
+  """The SpeculativeConfig for one drafter, with the flags its registry entry declares."""
+  from jspec.config import SpeculativeConfig
+  from jspec.drafters import registry
+
+  entry = registry.get(drafter)
+  cfg = dict(method=entry.name, num_speculative_tokens=num_draft)
+  for f in entry.cli_flags:
+    value = getattr(args, f.flag.lstrip("-").replace("-", "_"), None)
+    if value is not None:
+      cfg[f.field] = value
+  if entry.name == "draft_model" and "draft_model" not in cfg:
+    cfg["draft_model"] = args.model      # the target as its own draft
   return SpeculativeConfig.from_dict(cfg)
 
 
 def cmd_generate(args) -> None:
   from jspec.decode import Decoder
   from jspec.sampling import SamplingParams
+  from models.tokenizer import check_text
 
   if not args.prompt.strip():
     sys.exit("jspec: the prompt is empty; pass some text to continue")
+  _at_least_1(args, "--max-new-tokens")
+  try:
+    check_text(args.prompt, "the prompt")
+    if args.system is not None:
+      check_text(args.system, "--system")
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
   try:   # validate everything cheap before loading a model
     SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
-    spec = _spec_config(args) if args.drafter != "none" else None
+    spec = _spec_config(args.drafter, args.num_draft, args) if args.drafter != "none" else None
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   loaded = _load(args.model)
   tok = loaded.tokenizer
-  if args.raw:
-    text = args.prompt
-  else:
-    messages = ([{"role": "system", "content": args.system}] if args.system else [])
-    text = tok.apply_chat_template(messages + [{"role": "user", "content": args.prompt}])
-  ids = tok.encode(text)
+  try:
+    if args.raw:
+      text = args.prompt
+    else:
+      messages = ([{"role": "system", "content": args.system}] if args.system else [])
+      text = tok.apply_chat_template(messages + [{"role": "user", "content": args.prompt}])
+    ids = tok.encode(text)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
   kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, seed=args.seed)
   try:
@@ -54,7 +136,7 @@ def cmd_generate(args) -> None:
     out = base
     if spec is not None:
       from jspec.spec_decode import SpecDecoder
-      draft = _load(spec.draft_model).model if spec.method == "draft_model" else None
+      draft = _load(spec.options.draft_model).model if spec.method == "draft_model" else None
       out = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids).generate([ids], **kw)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
@@ -85,15 +167,18 @@ def cmd_generate(args) -> None:
 def cmd_bench_decode(args) -> None:
   from jspec.bench import plain
 
+  sizes = _ints(args.batch_sizes, "--batch-sizes")
+  _at_least_1(args, "--max-new-tokens", "--repeats")
+  _check_outputs(args, [args.json])
   loaded = _load(args.model)
-  sizes = tuple(int(x) for x in args.batch_sizes.split(","))
+  _check_context(loaded, [[{"role": "user", "content": p}] for p in plain.PROMPTS],
+                 args.max_new_tokens)
   report = plain.run(loaded, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
                      repeats=args.repeats)
   text = json.dumps(report, indent=2)
-  if args.json:
-    with open(args.json, "w") as f:
-      f.write(text + "\n")
-  print(text)
+  print(text, flush=True)     # first, so that a failed write below loses nothing
+  if args.json and not _save_text(args, args.json, text + "\n"):
+    sys.exit(f"jspec: the report was not saved to {args.json}; it is printed above")
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -112,35 +197,57 @@ def cmd_bench(args) -> None:
 
   num_draft = _ints(args.num_draft, "--num-draft")
   batch_sizes = _ints(args.batch_size, "--batch-size")
+  _at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:   # everything cheap is checked before the model loads
     prompts = suite.load(args.prompts)
     cats = args.categories.split(",") if args.categories else None
     prompts = suite.select(prompts, cats, args.per_category)
-    for d in drafters:
-      for n in num_draft:
-        speedup.spec_config(d, n, args.draft_layers)
+    options = {d: _spec_config(d, n, args).to_dict() for d in drafters for n in num_draft}
+    options = {d: {k: v for k, v in o.items() if k not in ("method", "num_speculative_tokens")}
+               for d, o in options.items()}
     SamplingParams.make(1, args.temperature, 0, 1.0)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
+  from jspec.bench import plots
+  _check_outputs(args, [args.json], args.plot, plots.FILES)
   loaded = _load(args.model)
+  _check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   report = speedup.run(
       loaded, prompts, drafters=drafters, num_draft=num_draft, batch_sizes=batch_sizes,
       temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-      ignore_eos=args.ignore_eos, layer_skip_layers=args.draft_layers, seed=args.seed,
+      ignore_eos=args.ignore_eos, drafter_options=options, seed=args.seed,
       progress=not args.no_progress)
   report["command"] = "jspec bench " + " ".join(args.argv)
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(report, f, indent=2)
+  text = json.dumps(report, indent=2)
+  failed = []
+  if args.json and not _save_text(args, args.json, text):
+    # never lose an hours-long run: keep the report somewhere that takes it
+    fallback = os.path.join(tempfile.gettempdir(), f"jspec-bench-{os.getpid()}.json")
+    failed.append(f"the report is in {fallback}" if _save_text(args, fallback, text)
+                  else "the report was not saved")
   if args.plot:
-    from jspec.bench import plots
-    for path in plots.save_all(report, args.plot):
-      print(f"wrote {path}", file=sys.stderr)
+    try:
+      for path in plots.save_all(report, args.plot):
+        print(f"wrote {path}", file=sys.stderr)
+      args.saved.append(os.path.join(os.path.abspath(args.plot), ""))
+    except OSError as e:
+      failed.append(f"plots not all written ({e.strerror or e})")
   print(speedup.markdown(report))
+  if failed:
+    sys.exit("jspec: " + "; ".join(failed))
 
 
 def main(argv=None) -> None:
+  args = None
+  try:
+    args = _parse(argv)
+    args.func(args)
+  except KeyboardInterrupt:
+    _interrupted(args, in_process=argv is not None)
+
+
+def _parse(argv) -> argparse.Namespace:
   from models.registry import DEFAULT_MODEL
 
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__)
@@ -157,14 +264,10 @@ def main(argv=None) -> None:
   g.add_argument("--system", default=None, help="system message for the chat template")
   g.add_argument("--raw", action="store_true", help="continue PROMPT as-is, no chat template")
   g.add_argument("--json", action="store_true", help="print one JSON object")
-  g.add_argument("--drafter", default="none", choices=["none", "ngram", "draft-model", "layer-skip"],
+  g.add_argument("--drafter", default="none", choices=["none"] + _drafter_names(),
                  help="speculative drafter; with one, plain decoding also runs for the speedup")
   g.add_argument("--num-draft", type=int, default=3, help="draft tokens per round (D)")
-  g.add_argument("--draft-model", default=DEFAULT_MODEL, help="model for --drafter draft-model")
-  g.add_argument("--draft-layers", type=int, default=None,
-                 help="target layers the layer-skip drafter keeps (default: a quarter)")
-  g.add_argument("--ngram-min", type=int, default=1)
-  g.add_argument("--ngram-max", type=int, default=4)
+  _add_drafter_flags(g)
   g.set_defaults(func=cmd_generate)
 
   b = sub.add_parser("bench-decode", help="plain-decode tokens/s vs a measured bandwidth roofline")
@@ -182,23 +285,56 @@ def main(argv=None) -> None:
   s.add_argument("--per-category", type=int, default=None, help="first N prompts per category")
   s.add_argument("--model", default=DEFAULT_MODEL)
   s.add_argument("--drafters", default="ngram,layer-skip",
-                 help="comma-separated: ngram, layer-skip, draft-model (the target as its own draft)")
+                 help="comma-separated, of: " + ", ".join(_drafter_names()) +
+                 " (draft-model defaults to the target as its own draft)")
   s.add_argument("--num-draft", default="1,3,7")
   s.add_argument("--batch-size", default="1,4")
   s.add_argument("--temperature", type=float, default=0.0)
   s.add_argument("--max-new-tokens", type=int, default=128)
   s.add_argument("--repeats", type=int, default=1, help="runs of every batch")
   s.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
-  s.add_argument("--draft-layers", type=int, default=None, help="layer-skip depth")
+  _add_drafter_flags(s)
   s.add_argument("--seed", type=int, default=0)
   s.add_argument("--json", default=None, help="write the report to this file")
   s.add_argument("--plot", default=None, help="write PNG plots into this folder")
   s.add_argument("--no-progress", action="store_true")
   s.set_defaults(func=cmd_bench)
 
+  from jspec.train.cli import add_parser as add_train_parser
+  add_train_parser(sub, DEFAULT_MODEL)
+
   args = parser.parse_args(argv)
   args.argv = list(sys.argv[2:] if argv is None else argv[1:])
-  args.func(args)
+  args.outputs, args.saved = [], []
+  return args
+
+
+def _interrupted(args, in_process: bool) -> None:
+  """Ctrl-C: one line saying what stopped and what was saved, exit 130, no traceback. Files are
+  written atomically, so whatever was not saved is left exactly as it was before the run."""
+  if not in_process:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not cut this short
+  saved = args.saved if args else []
+  kept = [p for p in args.outputs if p not in saved] if args else []
+  words = [getattr(args, k, None) for k in ("command", "train_command")] if args else []
+  said = f"saved {', '.join(saved)}" if saved else "nothing was saved"
+  if kept:
+    said += f" ({', '.join(kept)} not written; any older copy is untouched)"
+  # a command that saves as it goes (checkpoints, shards) sets its own note: what, how to resume
+  said = getattr(args, "interrupt_note", None) or said
+  line = " ".join(["jspec"] + [w for w in words if w]) + f": interrupted; {said}"
+  if "tqdm" in sys.modules:      # end a progress bar's line so that ours starts on a fresh one
+    for bar in list(getattr(sys.modules["tqdm"].tqdm, "_instances", ())):
+      bar.close()
+  print(line, file=sys.stderr, flush=True)
+  if in_process:
+    raise SystemExit(130)
+  try:
+    sys.stdout.flush()
+  except OSError:
+    pass
+  # Skip interpreter teardown: with XLA's threads mid-work it segfaulted about one run in three.
+  os._exit(130)
 
 
 if __name__ == "__main__":

@@ -123,20 +123,46 @@ class DecodeOutput:
     return after_first / max(self.decode_s, 1e-9)
 
 
+def _is_int(x) -> bool:
+  """An integer scalar: Python, numpy, or a 0-d integer array (jax included); never bool/float."""
+  if isinstance(x, (bool, np.bool_)):
+    return False
+  return isinstance(x, (int, np.integer)) or (
+      np.ndim(x) == 0 and np.issubdtype(getattr(x, "dtype", np.float64), np.integer))
+
+
+def _ndim(x) -> int | None:
+  try:
+    return np.ndim(x)
+  except ValueError:   # ragged nesting
+    return None
+
+
+_ROWS = ("prompts must be a list of token-id lists, one per row (e.g. [[1, 2, 3]]): wrap a "
+         "single prompt in a list, and encode text with the tokenizer first")
+
+
 def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: int,
                 pad_to: int = 0):
   """Validates token-id prompts and right-pads them to a bucketed length (at least `pad_to`, so
   that callers can share one compiled shape across batches)."""
-  if not prompts:
+  if isinstance(prompts, (str, bytes)):
+    raise ValueError(f"{_ROWS}; got a {type(prompts).__name__}")
+  if not len(prompts):
     raise ValueError("no prompts given")
   lens = []
   for i, p in enumerate(prompts):
+    if isinstance(p, (str, bytes)) or _ndim(p) != 1:
+      raise ValueError(f"{_ROWS}; prompt {i} is {p!r:.40} ({type(p).__name__})")
     if len(p) == 0:
       raise ValueError(f"prompt {i} is empty; give at least one token")
     if len(p) > max_context:
       raise ValueError(f"prompt {i} has {len(p)} tokens, more than the model's context of "
                        f"{max_context}; shorten it")
     arr = np.asarray(p)
+    if arr.dtype.kind not in "iu" and not all(_is_int(x) for x in p):
+      bad = next(x for x in p if not _is_int(x))   # floats and bools are never truncated to ids
+      raise ValueError(f"prompt {i} has a non-integer token id {bad!r}; token ids must be ints")
     if arr.min() < 0 or arr.max() >= vocab_size:
       raise ValueError(f"prompt {i} has token ids outside [0, {vocab_size})")
     lens.append(len(p))
@@ -149,19 +175,23 @@ def pad_prompts(prompts: Sequence[Sequence[int]], max_context: int, vocab_size: 
 
 def validate_request(prompts, max_new_tokens, config, pad_to: int = 0):
   """Checks prompts and per-row limits against the model; returns (padded tokens, lengths,
-  max_new [B]). Everything a user can get wrong fails here, before any compilation."""
+  max_new [B]). Everything a user can get wrong fails here, before any compilation; limits are
+  compared as Python ints, so no value wraps around in int32."""
   tokens, lens = pad_prompts(prompts, config.max_position, config.vocab_size, pad_to)
   b = len(prompts)
-  max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (b,)).copy() \
-      if np.ndim(max_new_tokens) == 0 else np.asarray(max_new_tokens, np.int32)
-  if max_new.shape != (b,) or np.any(max_new < 1):
-    raise ValueError(f"max_new_tokens must be >= 1 per row (one value or {b}), got {max_new_tokens}")
-  too_long = np.nonzero(lens + max_new > config.max_position)[0]
-  if len(too_long):
-    i = int(too_long[0])
-    raise ValueError(f"prompt {i} ({lens[i]} tokens) + max_new_tokens ({max_new[i]}) exceeds the "
-                     f"model's context of {config.max_position}")
-  return tokens, lens, max_new
+  per_row = [max_new_tokens] * b if np.ndim(max_new_tokens) == 0 else list(max_new_tokens)
+  if len(per_row) != b or not all(_is_int(m) for m in per_row):
+    raise ValueError(f"max_new_tokens must be an integer, or a list of {b} integers (one per "
+                     f"row), got {max_new_tokens!r}")
+  per_row = [int(m) for m in per_row]
+  if min(per_row) < 1:
+    raise ValueError(f"max_new_tokens must be >= 1 per row, got {max_new_tokens!r}")
+  for i, (n, m) in enumerate(zip(lens.tolist(), per_row)):
+    if n + m > config.max_position:
+      raise ValueError(f"prompt {i} ({n} tokens) + max_new_tokens ({m}) exceeds the model's "
+                       f"context of {config.max_position}; lower max_new_tokens to at most "
+                       f"{config.max_position - n}")
+  return tokens, lens, np.asarray(per_row, np.int32)
 
 
 def row_keys(seed: int | Sequence[int], batch_size: int) -> jax.Array:

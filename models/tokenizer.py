@@ -29,6 +29,7 @@ class Tokenizer:
     return self.backend.id_to_token(token_id)
 
   def encode(self, text: str) -> list[int]:
+    check_text(text)
     ids = self.backend.encode(text, add_special_tokens=False).ids
     if self.add_bos and self.bos_id is not None:
       ids = [self.bos_id] + ids
@@ -128,6 +129,22 @@ class Tokenizer:
         template = f.read()
     return cls(backend, bos_id=token_id(conf.get("bos_token")), eos_ids=eos_ids,
                chat_template=template, add_bos=bool(conf.get("add_bos_token")))
+
+
+def check_text(text, what: str = "text") -> None:
+  """Raises ValueError unless `text` is a str that encodes as UTF-8 (command-line arguments with
+  undecodable bytes arrive as lone surrogates, which the tokenizer cannot take)."""
+  if not isinstance(text, str):
+    raise ValueError(f"{what} must be a str, got {type(text).__name__}"
+                     + ("; decode it first, e.g. data.decode('utf-8')" if isinstance(
+                         text, (bytes, bytearray)) else ""))
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError as e:
+    ch = ord(text[e.start])   # surrogateescape keeps an undecodable byte b as U+DC00 + b
+    bad = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+    raise ValueError(f"{what} is not valid UTF-8 ({bad} at character {e.start}); "
+                     "pass UTF-8 text") from None
 
 
 def _read_json(path: str) -> dict:

@@ -6,6 +6,11 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 
+from jspec.io import atomic_open
+
+FILES = ("acceptance_length_vs_d.png", "speedup_vs_d.png", "per_position_acceptance.png",
+         "cost_model.png")
+
 
 def _series(results, key, where):
   """{label: sorted [(D, record)]} of records matching `where`, grouped by `key`."""
@@ -28,9 +33,11 @@ def save_all(report: dict, folder: str) -> list[str]:
   paths = []
 
   def save(fig, name):
+    assert name in FILES, name   # FILES is what the CLI checks for writability before the run
     path = os.path.join(folder, name)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_open(path, "wb") as f:   # an interrupt never leaves half a PNG
+      fig.savefig(f, format="png", dpi=110)
     plt.close(fig)
     paths.append(path)
 

@@ -53,11 +53,10 @@ RECORD_FIELDS = {
 }
 
 
-def spec_config(drafter: str, d: int, layer_skip_layers: int | None = None) -> SpeculativeConfig:
-  cfg = {"method": drafter, "num_speculative_tokens": d}
-  if drafter.replace("-", "_") == "layer_skip" and layer_skip_layers:
-    cfg["num_layers"] = layer_skip_layers
-  return SpeculativeConfig.from_dict(cfg)
+def spec_config(drafter: str, d: int, options: dict | None = None) -> SpeculativeConfig:
+  """options: the method's own config keys (e.g. {"num_layers": 7} for layer-skip)."""
+  return SpeculativeConfig.from_dict({"method": drafter, "num_speculative_tokens": d,
+                                      **(options or {})})
 
 
 def batches(rows: list, b: int) -> list[list]:
@@ -118,7 +117,8 @@ def _record(key, acc: _Acc, parts_by_cat: dict, roofline: float, temperature: fl
 
 def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_draft=(1, 3, 7),
         batch_sizes=(1, 4), temperature=0.0, max_new_tokens=128, repeats=1, ignore_eos=False,
-        layer_skip_layers=None, seed=0, progress: bool = True) -> dict:
+        drafter_options: dict[str, dict] | None = None, seed=0, progress: bool = True) -> dict:
+  """drafter_options: per drafter name, its method's config keys (registry options)."""
   from tqdm import tqdm
 
   tok = loaded.tokenizer
@@ -127,7 +127,8 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
     by_cat[p.category].append((p.id, tok.encode(tok.apply_chat_template(list(p.messages)))))
   configs = [(dr, d) for dr in drafters for d in num_draft]
   # validate every configuration before any model work
-  spec_cfgs = {c: spec_config(c[0], c[1], layer_skip_layers) for c in configs}
+  opts = drafter_options or {}
+  spec_cfgs = {c: spec_config(c[0], c[1], opts.get(c[0])) for c in configs}
   plain_dec = Decoder(loaded.model, eos_ids=tok.eos_ids)
   specs = {c: SpecDecoder(loaded.model, cfg, eos_ids=tok.eos_ids,
                           draft_model=loaded.model if cfg.method == "draft_model" else None)
@@ -197,7 +198,7 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
               settings=dict(drafters=list(drafters), num_draft=list(num_draft),
                             batch_sizes=list(batch_sizes), temperature=temperature,
                             max_new_tokens=max_new_tokens, repeats=repeats, ignore_eos=ignore_eos,
-                            layer_skip_layers=layer_skip_layers, seed=seed,
+                            drafter_options=opts, seed=seed,
                             categories=list(by_cat), num_prompts=len(prompts),
                             prompt_padding=pad_to),
               results=results)

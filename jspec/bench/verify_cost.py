@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.io import atomic_write_text, check_writable
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Llama
@@ -58,6 +59,10 @@ def main(argv=None) -> None:
   p.add_argument("--repeats", type=int, default=10)
   p.add_argument("--budget-s", type=float, default=120.0, help="start no point after this")
   args = p.parse_args(argv)
+  try:
+    check_writable(args.json)
+  except ValueError as e:
+    p.error(str(e))
   ints = lambda s: [int(x) for x in s.split(",")]
   cfg = LlamaConfig.smollm2_135m()
   dtype = jnp.dtype(args.dtype)
@@ -79,8 +84,7 @@ def main(argv=None) -> None:
   report = dict(model_shape="smollm2-135m", dtype=args.dtype, context=args.context,
                 max_len=args.max_len, backend=jax.default_backend(), device=str(jax.devices()[0]),
                 jax_version=jax.__version__, results=rows)
-  with open(args.json, "w") as f:
-    json.dump(report, f, indent=2)
+  atomic_write_text(args.json, json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

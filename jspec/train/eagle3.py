@@ -59,17 +59,22 @@ class Features:
 
 
 def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
-                    draft_ids: jax.Array) -> Features:
-  """Teacher-forced target pass over tokens [B, N] (no gradient)."""
-  b, n = tokens.shape
+                    draft_ids: jax.Array, cached: jax.Array | None = None) -> Features:
+  """Teacher-forced target pass over tokens [B, N] (no gradient), or the same read from a feature
+  cache: cached [B, N, K+1, H] holds the K taps and the final normed hidden state."""
   cfg = target.config
-  out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
-               logit_indices=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps) + (cfg.num_layers,))
-  final = target.norm(out.hidden[-1])                                          # [B, N, H]
+  if cached is None:
+    b, n = tokens.shape
+    out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
+                 logit_indices=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps) + (cfg.num_layers,))
+    hidden, final = tuple(out.hidden[:-1]), target.norm(out.hidden[-1])      # [B, N, H]
+  else:
+    cached = cached.astype(jnp.float32)
+    hidden, final = tuple(cached[:, :, i] for i in range(len(taps))), cached[:, :, len(taps)]
   rows = _target_head_rows(target, draft_ids)                                  # [Vd, H]
   logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
                       preferred_element_type=jnp.float32)
-  return jax.lax.stop_gradient(Features(tuple(out.hidden[:-1]), logits))
+  return jax.lax.stop_gradient(Features(hidden, logits))
 
 
 def _ttt_attend(prev: list, scale: float):
@@ -162,7 +167,8 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
     tweights, rest = aux
     tgt = nnx.merge(tgraph, tweights)
     h = nnx.merge(graphdef, params, rest)
-    feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...])
+    feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...],
+                            batch.get("feats"))
     return ttt_loss(h, tgt.embed.embedding[...], feats, batch["tokens"], batch["loss_mask"],
                     batch["length"], ttt_steps=ttt_steps, decay=decay)
 

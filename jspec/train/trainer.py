@@ -81,10 +81,12 @@ def _manager(ckpt_dir: str, cfg: TrainConfig):
 
 
 def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress: bool = True,
-          stop_after: int | None = None, log: Callable[[str], None] | None = None) -> list[dict]:
+          stop_after: int | None = None, features: str | None = None,
+          log: Callable[[str], None] | None = None) -> list[dict]:
   """Trains `task` on data_dir's shards for cfg.steps, checkpointing into out_dir/checkpoints and
   resuming from the latest checkpoint there. Returns the per-step metrics of this run (host
-  floats). stop_after: end after that many steps of this run (tests, time budgets)."""
+  floats). stop_after: end after that many steps of this run (tests, time budgets). features: a
+  feature-cache folder (jspec.train.features); batches then carry `feats`."""
   import grain
   import orbax.checkpoint as ocp
   from tqdm import tqdm
@@ -95,12 +97,13 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
   os.makedirs(out_dir, exist_ok=True)
   check_writable(os.path.join(out_dir, "train_log.jsonl"))
   it = make_iterator(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
-                     holdout=cfg.holdout, num_threads=1, prefetch=4)
+                     holdout=cfg.holdout, features=features, num_threads=1, prefetch=4)
   eval_batches = heldout_batches(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-                                 holdout=cfg.holdout)
+                                 holdout=cfg.holdout, features=features)
   opt = optimizer(cfg)
   params, opt_state = task.params, opt.init(task.params)
-  meta = dict(task=task.name, config=dataclasses.asdict(cfg), **task.meta)
+  meta = dict(task=task.name, config=dataclasses.asdict(cfg), cached_features=features is not None,
+              **task.meta)
   mngr = _manager(os.path.join(out_dir, "checkpoints"), cfg)
   start = 0
   if mngr.latest_step() is not None:

@@ -87,10 +87,41 @@ def test_eos_stops_each_row_at_its_first_eos(tiny):
     ([[1, 999]], {}, r"token ids outside \[0, 128\)"),
     ([[1, 2]], dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     ([], {}, "no prompts given"),
+    # limits compared as Python ints: no int32 wrap, no OverflowError
+    ([[1, 2]], dict(max_new_tokens=2147483647), r"\(2147483647\) exceeds the model's context "
+     "of 512; lower max_new_tokens to at most 510"),
+    ([[1, 2]], dict(max_new_tokens=10_000_000_000), r"\(10000000000\) exceeds"),
+    ([[1, 2], [3]], dict(max_new_tokens=[4, 2**40]), r"prompt 1 \(1 tokens\) \+ max_new_tokens"),
+    # never truncated: non-integer ids and counts are refused
+    ([[1.7, 2.2]], {}, "prompt 0 has a non-integer token id 1.7; token ids must be ints"),
+    ([[1, 2.0]], {}, "non-integer token id 2.0"),
+    ([[1, 2]], dict(max_new_tokens=4.9), "max_new_tokens must be an integer.*got 4.9"),
+    ([[1, 2]], dict(max_new_tokens=[3.0]), r"max_new_tokens must be an integer.*got \[3.0\]"),
+    # a bare prompt, or text, instead of a list of token-id lists
+    ([1, 2, 3], {}, r"list of token-id lists, one per row \(e.g. \[\[1, 2, 3\]\]\).*prompt 0 is 1 "
+     r"\(int\)"),
+    (["hello"], {}, r"list of token-id lists.*encode text with the tokenizer.*'hello' \(str\)"),
+    ("hello", {}, "list of token-id lists.*got a str"),
 ])
 def test_bad_input_is_rejected_before_any_work(tiny, prompts, kwargs, message):
   with count_compiles() as c, pytest.raises(ValueError, match=message):
     Decoder(tiny).generate(prompts, **kwargs)
+  assert c.count == 0
+
+
+def test_spec_decoder_shares_the_request_checks(tiny):
+  from jspec import SpecDecoder
+  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 2})
+  with count_compiles() as c:
+    for prompts, kwargs, message in [
+        ([[1.7, 2.2]], {}, "non-integer token id 1.7"),
+        ([[1, 2]], dict(max_new_tokens=4.9), "max_new_tokens must be an integer"),
+        ([1, 2, 3], {}, "list of token-id lists"),
+        ([[1, 2]], dict(max_new_tokens=2147483647), r"\(2147483647\) exceeds the model's context")]:
+      with pytest.raises(ValueError, match=message):
+        sd.generate(prompts, **kwargs)
+      with pytest.raises(ValueError, match=message):
+        list(sd.stream(prompts, **kwargs))
   assert c.count == 0
 
 

@@ -208,3 +208,28 @@ def test_eagle3_never_recompiles_after_warmup(target, saved_head):
   with count_compiles() as c:
     out = spec.generate(_prompts(2, 2), seed=3, **kw)
   assert c.count == 0 and out.rounds > 20
+
+
+def test_feature_cache_matches_the_target_pass_and_trains(target, data_dir, tmp_path):
+  from jspec.train import features
+  from jspec.train.data import TokenShards
+  data, _ = data_dir
+  taps = (1, 2, 3)
+  folder = str(tmp_path / "feats")
+  features.cache_features(target, data, folder, taps=taps, seq_len=64, batch_size=16,
+                          progress=False)
+  cached = features.FeatureShards(data, 64, folder)
+  ids = jnp.arange(0, 64, 2, dtype=jnp.int32)
+  for i in (0, 17, 47):
+    item = TokenShards(data, 64)[i]
+    n = int(item["length"])
+    want = eagle3.target_features(target, jnp.asarray(item["tokens"][None, :n]), taps, ids)
+    got = eagle3.target_features(target, None, taps, ids,
+                                 jnp.asarray(cached[i]["feats"][None, :n]))
+    for a, b in zip(want.taps + (want.target_logits,), got.taps + (got.target_logits,)):
+      np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-2 * float(jnp.abs(a).max()))
+  ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
+  task = eagle3.eagle3_task(target, ids, taps=taps)
+  history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=30), progress=False,
+                          features=folder)
+  assert np.mean([r["loss"] for r in history[-5:]]) < np.mean([r["loss"] for r in history[:5]]) - 1

@@ -1,0 +1,124 @@
+"""Target features cached to disk (`jspec train eagle3 --cache-features`): the target's taps and
+final normed hidden state of every training token, computed once, so that later epochs pay only
+for the drafter (the teacher-forced target pass dominates a step on CPU).
+
+Layout: `features.npy`, a memmap [tokens, K + 1, H] of bfloat16 bits (stored as uint16) aligned with the TokenShards
+sequences truncated to seq_len (K taps, then the final normed hidden); `features.json` records the
+taps, seq_len, the data's manifest digest and how many sequences are done (resumable).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+
+from jspec.train.data import MANIFEST, TokenShards
+from models.kv_cache import KVCache
+
+DTYPE = ml_dtypes.bfloat16
+
+
+def _meta_path(folder):
+  return os.path.join(folder, "features.json")
+
+
+def _spans(source: TokenShards) -> np.ndarray:
+  """Start offset of each sequence's (truncated) features; [n + 1]."""
+  lens = np.minimum(np.diff(source.offsets), source.seq_len)
+  return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+
+
+def _digest(data_dir: str) -> str:
+  with open(os.path.join(data_dir, MANIFEST), "rb") as f:
+    return hashlib.sha256(f.read()).hexdigest()[:16]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "taps_and_final"))
+def _forward(graphdef, weights, tokens, taps_and_final):
+  """[B, N] tokens -> bfloat16 [B, N, K+1, H]: the taps, then the final normed hidden state."""
+  target = nnx.merge(graphdef, weights)
+  b, n = tokens.shape
+  dtype = jax.tree_util.tree_leaves(weights)[0].dtype
+  out = target(tokens, KVCache.init(target.config, b, n, dtype=dtype),
+               logit_indices=jnp.zeros((b, 1), jnp.int32), taps=taps_and_final)
+  hidden = list(out.hidden[:-1]) + [target.norm(out.hidden[-1])]
+  return jnp.stack(hidden, axis=2).astype(jnp.bfloat16)
+
+
+def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...], seq_len: int,
+                   batch_size: int = 8, progress: bool = True) -> str:
+  """Computes (or finishes) the feature cache in `folder`; returns the path of features.npy."""
+  from tqdm import tqdm
+
+  source = TokenShards(data_dir, seq_len)
+  spans = _spans(source)
+  k, h = len(taps) + 1, target.config.hidden_size
+  meta = dict(taps=list(taps), seq_len=seq_len, data=_digest(data_dir), hidden=h,
+              sequences=len(source), tokens=int(spans[-1]))
+  os.makedirs(folder, exist_ok=True)
+  path, mpath = os.path.join(folder, "features.npy"), _meta_path(folder)
+  done = 0
+  if os.path.isfile(mpath):
+    with open(mpath) as f:
+      saved = json.load(f)
+    if {x: saved.get(x) for x in meta} != meta:
+      raise ValueError(f"{folder} caches features of other data or settings; use another folder")
+    done = saved["done"]
+    arr = np.lib.format.open_memmap(path, mode="r+")
+  else:
+    arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16,
+                                    shape=(int(spans[-1]), k, h))
+  graphdef, weights = nnx.split(target)
+  # sort by length so that each batch pads to a short power of two
+  order = np.argsort(np.diff(spans), kind="stable")
+  bar = tqdm(total=len(source), initial=done, desc="target features", unit="seq",
+             file=sys.stderr, disable=not progress)
+  for start in range(done, len(source), batch_size):
+    idx = order[start:start + batch_size]
+    n = int(max(spans[i + 1] - spans[i] for i in idx))
+    pad = max(16, 1 << (n - 1).bit_length())
+    rows = np.stack([source[int(i)]["tokens"][:pad] if pad <= seq_len else
+                     np.pad(source[int(i)]["tokens"], (0, pad - seq_len)) for i in idx])
+    feats = np.asarray(_forward(graphdef, weights, jnp.asarray(rows),
+                                tuple(taps) + (target.config.num_layers,))).view(np.uint16)
+    for r, i in enumerate(idx):
+      arr[spans[i]:spans[i + 1]] = feats[r, :spans[i + 1] - spans[i]]
+    arr.flush()
+    with open(mpath + ".tmp", "w") as f:
+      json.dump(dict(meta, done=min(start + batch_size, len(source))), f)
+    os.replace(mpath + ".tmp", mpath)
+    bar.update(len(idx))
+  bar.close()
+  return path
+
+
+class FeatureShards(TokenShards):
+  """TokenShards whose items also carry `feats` bfloat16 [seq_len, K+1, H] from the cache."""
+
+  def __init__(self, data_dir: str, seq_len: int, folder: str):
+    super().__init__(data_dir, seq_len)
+    with open(_meta_path(folder)) as f:
+      meta = json.load(f)
+    if meta["seq_len"] != seq_len or meta["data"] != _digest(data_dir) or \
+        meta["done"] != len(self):
+      raise ValueError(f"the feature cache in {folder} does not match {data_dir} at "
+                       f"seq_len={seq_len} or is incomplete; rebuild it")
+    self.feats = np.load(os.path.join(folder, "features.npy"), mmap_mode="r")
+    self.spans = _spans(self)
+
+  def __getitem__(self, i):
+    item = super().__getitem__(i)
+    lo, hi = self.spans[int(i)], self.spans[int(i) + 1]
+    feats = np.zeros((self.seq_len,) + self.feats.shape[1:], DTYPE)
+    feats[:hi - lo] = self.feats[lo:hi].view(DTYPE)
+    item["feats"] = feats
+    return item
