@@ -240,11 +240,31 @@ def cmd_bench(args) -> None:
 
 def main(argv=None) -> None:
   args = None
+  current = [None]
+  if argv is None:
+    _watch_sigint(current)
   try:
-    args = _parse(argv)
+    args = current[0] = _parse(argv)
     args.func(args)
   except KeyboardInterrupt:
     _interrupted(args, in_process=argv is not None)
+
+
+def _watch_sigint(current: list) -> None:
+  """Ctrl-C raises KeyboardInterrupt as usual and also arms a watchdog: a KeyboardInterrupt that
+  lands inside a callback or finaliser can be swallowed (seen: the bench kept running), so if the
+  process is still alive 10 s later the watchdog ends it the same clean way."""
+  import threading
+
+  def handler(signum, frame):
+    if not getattr(handler, "armed", False):
+      handler.armed = True
+      timer = threading.Timer(10.0, lambda: _interrupted(current[0], in_process=False))
+      timer.daemon = True
+      timer.start()
+    raise KeyboardInterrupt
+
+  signal.signal(signal.SIGINT, handler)
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -312,7 +332,8 @@ def _parse(argv) -> argparse.Namespace:
 def _interrupted(args, in_process: bool) -> None:
   """Ctrl-C: one line saying what stopped and what was saved, exit 130, no traceback. Files are
   written atomically, so whatever was not saved is left exactly as it was before the run."""
-  if not in_process:
+  import threading
+  if not in_process and threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second Ctrl-C must not cut this short
   saved = args.saved if args else []
   kept = [p for p in args.outputs if p not in saved] if args else []
