@@ -255,9 +255,12 @@ def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None)
   if isinstance(draft_model, Eagle3Head):
     head = draft_model
   else:
-    path = opts.head if opts.head is not None else speculators_format.shipped_head(target.config)
+    path, sha = opts.head, None
+    if path is None:
+      path = speculators_format.shipped_head(target.config)
+      sha = speculators_format.shipped(target.config)[1]
     dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
-    head = speculators_format.load_eagle3(path, dtype=dtype)
+    head = speculators_format.load_eagle3(path, dtype=dtype, expected_sha256=sha)
   return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling)
 
 

@@ -23,8 +23,10 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 CHECKSUMS = "checksums.json"
 HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
-# Heads shipped with the package: target config -> (folder under jspec/heads, sha256 of weights).
-SHIPPED: dict[LlamaConfig, tuple[str, str]] = {}
+# Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
+SHIPPED: list[tuple[dict, str, str]] = []
+_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim")
 
 _LINEAR = {   # HF name -> path in Eagle3Head (a [out, in] weight, stored [in, out] by nnx)
     "fc.weight": ("fc", "kernel"),
@@ -49,10 +51,18 @@ class HeadLoadError(ValueError):
   """A head checkpoint that cannot be used (missing files, wrong shapes, wrong checksum)."""
 
 
+def shipped(target: LlamaConfig) -> tuple[str, str] | None:
+  """(folder, weights sha256) of the head shipped for a target of this shape, if any."""
+  for shape, folder, sha in SHIPPED:
+    if all(getattr(target, k) == v for k, v in shape.items()):
+      return os.path.join(HEADS_DIR, folder), sha
+  return None
+
+
 def shipped_head(target: LlamaConfig) -> str:
   """The folder of the head shipped for `target`, or a clear error saying how to get one."""
-  if target in SHIPPED:
-    return os.path.join(HEADS_DIR, SHIPPED[target][0])
+  if shipped(target) is not None:
+    return shipped(target)[0]
   raise HeadLoadError("no EAGLE-3 head is shipped for this target model; pass one with "
                       "head=PATH (--head PATH), e.g. one trained with `jspec train eagle3`")
 

@@ -77,24 +77,28 @@ def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
   return jax.lax.stop_gradient(Features(hidden, logits))
 
 
-def _ttt_attend(prev: list, scale: float):
-  """Attention for TTT step j = len(prev): prev holds the (k, v) of steps 0 .. j-1."""
+def _ttt_attend(prev: list, anchors: jax.Array | None, scale: float):
+  """Attention for TTT step j = len(prev); prev holds the (k, v) of steps 0 .. j-1. Step 0 runs
+  over all N positions, causally. Steps j > 0 run over K anchors [B, K] (positions t): their
+  queries see step 0's keys at positions <= t and the keys of steps 1..j at the same anchor."""
   def attend(q, k, v):
-    b, n, hq, dh = q.shape
+    b, m, hq, dh = q.shape
     kvh = k.shape[2]
-    qg = q.reshape(b, n, kvh, hq // kvh, dh).astype(jnp.float32)              # [B, N, KVH, G, Dh]
+    qg = q.reshape(b, m, kvh, hq // kvh, dh).astype(jnp.float32)              # [B, M, KVH, G, Dh]
     steps = prev + [(k, v)]
     k0, v0 = steps[0]
-    causal = jnp.tril(jnp.ones((n, n), bool))
-    s0 = jnp.einsum("btkgd,bskd->bkgts", qg, k0.astype(jnp.float32)) * scale   # [B,KVH,G,N,N]
-    s0 = jnp.where(causal, s0, -jnp.inf)
+    n = k0.shape[1]
+    t = jnp.broadcast_to(jnp.arange(m)[None], (b, m)) if anchors is None else anchors
+    seen = jnp.arange(n)[None, None, :] <= t[:, :, None]                       # [B, M, N]
+    s0 = jnp.einsum("btkgd,bskd->bkgts", qg, k0.astype(jnp.float32)) * scale   # [B,KVH,G,M,N]
+    s0 = jnp.where(seen[:, None, None], s0, -jnp.inf)
     diag = [jnp.einsum("btkgd,btkd->bkgt", qg, ki.astype(jnp.float32))[..., None] * scale
-            for ki, _ in steps[1:]]                                            # [B,KVH,G,N,1]
+            for ki, _ in steps[1:]]                                            # [B,KVH,G,M,1]
     probs = jax.nn.softmax(jnp.concatenate([s0] + diag, axis=-1), axis=-1)
     out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :n], v0.astype(jnp.float32))
     for i, (_, vi) in enumerate(steps[1:]):
       out = out + jnp.einsum("bkgt,btkd->btkgd", probs[..., n + i], vi.astype(jnp.float32))
-    return out.reshape(b, n, hq, dh).astype(q.dtype), (k, v)
+    return out.reshape(b, m, hq, dh).astype(q.dtype), (k, v)
   return attend
 
 
@@ -103,33 +107,57 @@ def _shift(x: jax.Array, k: int) -> jax.Array:
   return jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
 
 
+def _at(x: jax.Array, idx: jax.Array) -> jax.Array:
+  """x [B, N, ...] at per-row positions idx [B, K] (clipped to the sequence)."""
+  idx = jnp.clip(idx, 0, x.shape[1] - 1)
+  return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
+                tokens: jax.Array, anchors: jax.Array, ttt_steps: int) -> list[jax.Array]:
+  """The head's outputs [B, K, H] per TTT step at anchors [B, K]: step j's output at anchor t
+  predicts token t+2+j (step 0 runs over every position, as the later steps attend to it)."""
+  b, n = tokens.shape
+  scale = head.config.head_dim ** -0.5
+  pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
+  a, kv0 = head.layer(head.fuse(taps), embed[_at(tokens, pos + 1)], pos,
+                      _ttt_attend([], None, scale))
+  outs, prev, feature = [_at(a, anchors)], [kv0], _at(a, anchors)
+  for j in range(1, ttt_steps):
+    a, kv = head.layer(feature, embed[_at(tokens, anchors + 1 + j)], anchors + j,
+                       _ttt_attend(prev, anchors, scale))
+    prev.append(kv)
+    outs.append(a)
+    feature = a
+  return outs
+
+
 def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Array,
-             loss_mask: jax.Array, length: jax.Array, *, ttt_steps: int, decay: float):
+             loss_mask: jax.Array, length: jax.Array, *, ttt_steps: int, decay: float,
+             max_anchors: int | None = None):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed: the target's [V, H].
 
   Step j's prediction at anchor t is token t+2+j, labelled with the target's distribution at
   position t+1+j (restricted to the draft vocabulary and renormalised); it counts where that
-  token is a reply token inside the sequence and in the draft vocabulary."""
+  token is a reply token inside the sequence and in the draft vocabulary. Only anchors with a
+  label at some step are computed past step 0: the first `max_anchors` per row (default N/2)."""
   b, n = tokens.shape
   cfg = head.config
   in_vocab = jnp.zeros((cfg.vocab_size,), bool).at[head.draft_to_target[...]].set(True)
   pos = jnp.arange(n)[None, :]
-  feature = head.fuse(feats.taps)
-  prev, losses, accs, counts = [], [], [], []
-  run = jnp.ones((b, n), bool)                  # greedy chain still accepted at anchor t
-  accepted = []
-  for j in range(ttt_steps):
-    nxt = _shift(tokens, 1 + j)                                                  # token t+1+j
-    a, kv = head.layer(feature, embed[nxt], jnp.broadcast_to(pos + j, (b, n)),
-                       _ttt_attend(prev, cfg.head_dim ** -0.5))
-    prev.append(kv)
-    logits = head.draft_logits(a)                                              # [B, N, Vd]
-    label_logits = _shift(feats.target_logits, 1 + j)                          # position t+1+j
-    label = _shift(tokens, 2 + j)
-    valid = ((pos + 2 + j) < length[:, None]) & (_shift(loss_mask, 2 + j) > 0) & in_vocab[label]
-    p = jax.nn.softmax(label_logits, axis=-1)
-    ce = -jnp.sum(p * jax.nn.log_softmax(logits, axis=-1), axis=-1)           # [B, N]
-    w = valid.astype(jnp.float32)
+  labelled = [((pos + 2 + j) < length[:, None]) & (_shift(loss_mask, 2 + j) > 0)
+              & in_vocab[_shift(tokens, 2 + j)] for j in range(ttt_steps)]     # [B, N] each
+  k = max_anchors or max(1, n // 2)
+  anchors = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n - 1)[0])(
+      jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, K]
+  outs = ttt_forward(head, embed, feats.taps, tokens, anchors, ttt_steps)
+  losses, accs, counts, accepted = [], [], [], []
+  run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
+  for j, a in enumerate(outs):
+    logits = head.draft_logits(a)                                              # [B, K, Vd]
+    label_logits = _at(feats.target_logits, anchors + 1 + j)                   # position t+1+j
+    w = _at(labelled[j], anchors).astype(jnp.float32)
+    ce = -jnp.sum(jax.nn.softmax(label_logits, -1) * jax.nn.log_softmax(logits, -1), -1)
     cnt = jnp.maximum(w.sum(), 1.0)
     losses.append(jnp.sum(ce * w) / cnt)
     hit = jnp.argmax(logits, -1) == jnp.argmax(label_logits, -1)
@@ -137,18 +165,15 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
     counts.append(w.sum())
     run = run & hit
     accepted.append(run)
-    feature = a
   weights = jnp.asarray([decay ** j for j in range(ttt_steps)], jnp.float32)
   loss = jnp.sum(weights * jnp.stack(losses))
   # Greedy AL with D = ttt_steps over anchors where every step has a label: 1 + accepted run.
-  full = ((pos + 1 + ttt_steps) < length[:, None]) & (_shift(loss_mask, 1 + ttt_steps) > 0)
-  wf = full.astype(jnp.float32)
+  wf = _at(jnp.all(jnp.stack(labelled), axis=0), anchors).astype(jnp.float32)
   per_pos = jnp.stack([jnp.sum(r * wf) for r in accepted]) / jnp.maximum(wf.sum(), 1.0)
   metrics = dict(loss=loss, step_loss=jnp.stack(losses), step_acc=jnp.stack(accs),
                  step_count=jnp.stack(counts), accept_at=per_pos, al=1.0 + per_pos.sum(),
                  al_count=wf.sum())
   return loss, metrics
-
 
 def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: int = 3,
                 decay: float = 0.8, seed: int = 0, head: Eagle3Head | None = None):

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder, count_compiles
 from jspec.drafters import speculators_format as sf
-from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, cache_attend
 from jspec.train import eagle3, trainer
 from jspec.train.data import FORMAT
 from models import KVCache, Llama, LlamaConfig
@@ -61,30 +61,22 @@ def test_ttt_attention_equals_the_drafting_path(target):
   feats = eagle3.target_features(target, tokens, head.config.taps,
                                  head.draft_to_target[...])
   embed = target.embed.embedding[...]
-  # TTT logits per step, recomputed here through the loss' own pieces
-  outs, prev, feature = [], [], head.fuse(feats.taps)
-  pos = jnp.arange(n)[None]
-  for j in range(steps):
-    nxt = jnp.concatenate([tokens[:, 1 + j:], jnp.zeros((1, 1 + j), jnp.int32)], axis=1)
-    a, kv = head.layer(feature, embed[nxt], pos + j,
-                       eagle3._ttt_attend(prev, CFG.head_dim ** -0.5))
-    prev.append(kv)
-    outs.append(head.draft_logits(a))
-    feature = a
+  anchors = jnp.asarray([[0, 4, 7]], jnp.int32)
+  outs = [head.draft_logits(a) for a in eagle3.ttt_forward(head, embed, feats.taps, tokens,
+                                                            anchors, steps)]
   drafter = Eagle3Drafter(None, steps, head.config.taps, attention_impl="reference")
-  for t in (0, 4, 7):
+  for i, t in enumerate((0, 4, 7)):
     cache = KVCache.init(head.config.layer_config(), 1, 32)
     cache, feat, logits = drafter._catch_up(
         head, embed, cache, tuple(x[:, :t + 1] for x in feats.taps), tokens[:, 1:t + 2],
         jnp.zeros((1,), jnp.int32), jnp.asarray([t + 1]))
-    np.testing.assert_allclose(logits, outs[0][:, t], atol=2e-5)
+    np.testing.assert_allclose(logits, outs[0][:, i], atol=2e-5)
     for j in range(1, steps):
-      from jspec.drafters.eagle3 import cache_attend
       a, cache = head.layer(feat[:, None], embed[tokens[:, t + 1 + j]][:, None],
                             cache.lengths[:, None], cache_attend(cache, "reference"))
       cache = cache.with_lengths(cache.lengths + 1)
       feat = a[:, 0]
-      np.testing.assert_allclose(head.draft_logits(feat), outs[j][:, t], atol=2e-5)
+      np.testing.assert_allclose(head.draft_logits(feat), outs[j][:, i], atol=2e-5)
 
 
 def _config(**kw):
