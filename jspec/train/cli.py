@@ -70,7 +70,9 @@ def cmd_eagle3(args) -> None:
   target = loaded.model
   try:
     counts = token_counts(args.data, target.config.vocab_size)
-    ids = eagle3.draft_vocab(counts, args.draft_vocab)
+    # rank by reply counts, ties (unseen in replies) by counts over whole conversations
+    everywhere = token_counts(args.data, target.config.vocab_size, replies_only=False)
+    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, args.draft_vocab)
     task = eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
                               ttt_steps=args.ttt_steps, decay=args.decay, seed=args.seed)
   except ValueError as e:
@@ -78,10 +80,9 @@ def cmd_eagle3(args) -> None:
   coverage = counts[ids].sum() / max(counts.sum(), 1)
   print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
         file=sys.stderr)
-  features = None
-  if args.cache_features:
+  features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
+  if features is not None:
     from jspec.train.features import cache_features
-    features = os.path.join(args.out, "features")
     cache_features(target, args.data, features, taps=tuple(task.meta["head"]["taps"]),
                    seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
   try:
@@ -144,6 +145,9 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--cache-features", action="store_true",
                  help="compute the target's features once into OUT/features (bf16, about "
                       "4.6 KB per token for SmolLM2) instead of every step")
+  e.add_argument("--features", default=None,
+                 help="feature cache folder (computed there if missing, reused if complete; "
+                      "shareable between runs on the same data)")
   e.add_argument("--seed", type=int, default=0)
   e.add_argument("--no-progress", action="store_true")
   e.set_defaults(func=cmd_eagle3)

@@ -648,13 +648,13 @@ def restore_iterator(data_dir: str, state: dict, **kwargs):
 # 4. Statistics ----------------------------------------------------------------------------------
 
 
-def token_counts(data_dir: str, vocab_size: int) -> np.ndarray:
-  """int64 [vocab_size]: how often each token occurs where loss_mask == 1 (the target's replies),
-  over all shards; for choosing a drafter's reduced vocabulary."""
+def token_counts(data_dir: str, vocab_size: int, replies_only: bool = True) -> np.ndarray:
+  """int64 [vocab_size]: how often each token occurs where loss_mask == 1 (the target's replies;
+  every token with replies_only=False), over all shards; for choosing a reduced vocabulary."""
   counts = np.zeros(vocab_size, np.int64)
   for s in read_manifest(data_dir)["shards"]:
     with np.load(os.path.join(data_dir, s["file"])) as z:
-      toks = z["tokens"][z["loss_mask"] == 1]
+      toks = z["tokens"][z["loss_mask"] == 1] if replies_only else z["tokens"]
     if len(toks) and (toks.min() < 0 or toks.max() >= vocab_size):
       raise ValueError(f"{s['file']} has token ids outside [0, {vocab_size}); wrong vocab_size?")
     counts += np.bincount(toks, minlength=vocab_size)

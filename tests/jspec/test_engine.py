@@ -152,3 +152,40 @@ def test_bad_engine_input(tiny):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
       sd.generate([[1, 2], []])
   assert c.count == 0
+
+
+def test_drafters_see_prompt_taps_and_committed_counts(tiny):
+  """The contract learned drafters rely on: init_state gets the prompt's taps (equal to the
+  target's own forward), and commit's num_new adds up to what each row committed."""
+  import dataclasses as dc
+
+  import jax
+
+  from jspec.drafters.ngram import NgramDrafter
+  from models import KVCache
+
+  @dc.dataclass(frozen=True)
+  class Probe(NgramDrafter):
+    target_taps: tuple = (1,)
+
+    def init_state(self, params, prompt, ctx, max_len):
+      return (ctx.target_hidden[0], jnp.zeros_like(ctx.length), ctx.length)
+
+    def commit(self, params, state, ctx):
+      taps, total, start = state
+      return (taps, total + ctx.num_new, start)
+
+  prompts = _prompts(7, [5, 9])
+  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3})
+  sd.drafter = Probe(3)
+  state, sampling = sd.prefill(prompts, max_new_tokens=20, eos=False)
+  taps, _, start = state.drafter_state
+  for r, p in enumerate(prompts):
+    ref = tiny(jnp.asarray([p]), KVCache.init(CFG, 1, 16), taps=(1,)).hidden[0]
+    np.testing.assert_allclose(np.asarray(taps[r, :len(p)]), np.asarray(ref[0]), atol=1e-5)
+  from jspec import engine
+  final = jax.jit(engine.spec_generate, static_argnames=("graphdef", "drafter", "eos_ids"))(
+      sd.graphdef, sd.weights, sd.drafter, None, state, sampling, eos_ids=())
+  _, total, start = final.drafter_state
+  np.testing.assert_array_equal(np.asarray(total), np.asarray(final.length - start))
+  assert np.asarray(final.length - start).tolist() == [19, 19]   # 20 new, the first at prefill
