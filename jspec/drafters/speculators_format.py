@@ -24,9 +24,14 @@ CONFIG = "config.json"
 CHECKSUMS = "checksums.json"
 HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
 # Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
-SHIPPED: list[tuple[dict, str, str]] = []
 _SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
           "num_kv_heads", "head_dim")
+SHIPPED: list[tuple[dict, str, str]] = [
+    # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
+    ({k: getattr(LlamaConfig.smollm2_135m(), k) for k in _SHAPE},
+     "smollm2-135m-instruct-eagle3",
+     "2719daaa6a4fce260c6136923a90ff6347a89a3d6f6a2ae409bef2308e44bef6"),
+]
 
 _LINEAR = {   # HF name -> path in Eagle3Head (a [out, in] weight, stored [in, out] by nnx)
     "fc.weight": ("fc", "kernel"),
