@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import types
+
 import jax
 import pytest
 
@@ -52,3 +54,31 @@ CHAT_PROMPTS = [
 def chat_ids(smollm):
   tok = smollm.tokenizer
   return [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in CHAT_PROMPTS]
+
+
+class CharTokenizer:
+  """Characters to ids below a tiny vocabulary: enough for CLI and harness tests."""
+  eos_ids = (0,)
+
+  def __init__(self, vocab_size: int):
+    self.vocab_size = vocab_size
+
+  def apply_chat_template(self, messages):
+    return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+
+  def encode(self, text):
+    return [1 + ord(ch) % (self.vocab_size - 1) for ch in text]
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded_factory():
+  """seed -> a LoadedModel-like namespace around a tiny random Llama and a CharTokenizer."""
+  from flax import nnx
+
+  from models import Llama, LlamaConfig
+
+  def make(seed: int):
+    cfg = LlamaConfig.tiny()
+    return types.SimpleNamespace(model=Llama(cfg, rngs=nnx.Rngs(seed)),
+                                 tokenizer=CharTokenizer(cfg.vocab_size), name="tiny-random")
+  return make

@@ -12,34 +12,18 @@ import sys
 import tempfile
 import threading
 import time
-import types
 
 import numpy as np
 import pytest
-from flax import nnx
 
 from jspec import cli
 from jspec import io as jio
 from jspec.bench import speedup
-from models import Llama, LlamaConfig
-
-CFG = LlamaConfig.tiny()
-
-
-class CharTokenizer:
-  eos_ids = (0,)
-
-  def apply_chat_template(self, messages):
-    return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-
-  def encode(self, text):
-    return [1 + ord(ch) % (CFG.vocab_size - 1) for ch in text]
 
 
 @pytest.fixture(scope="module")
-def tiny_loaded():
-  return types.SimpleNamespace(model=Llama(CFG, rngs=nnx.Rngs(0)), tokenizer=CharTokenizer(),
-                               name="tiny-random")
+def tiny_loaded(tiny_loaded_factory):
+  return tiny_loaded_factory(0)
 
 
 @pytest.fixture

@@ -4,33 +4,16 @@ properties the numbers must have (a self-draft accepts everything; greedy equals
 import json
 import math
 import os
-import types
 
 import pytest
-from flax import nnx
 
 from jspec import cli
 from jspec.bench import plots, speedup, suite
-from models import Llama, LlamaConfig
-
-CFG = LlamaConfig.tiny()
-
-
-class CharTokenizer:
-  """Characters to ids below the tiny vocabulary; enough for the harness."""
-  eos_ids = (0,)
-
-  def apply_chat_template(self, messages):
-    return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
-
-  def encode(self, text):
-    return [1 + ord(ch) % (CFG.vocab_size - 1) for ch in text]
 
 
 @pytest.fixture(scope="module")
-def loaded():
-  return types.SimpleNamespace(model=Llama(CFG, rngs=nnx.Rngs(3)), tokenizer=CharTokenizer(),
-                               name="tiny-random")
+def loaded(tiny_loaded_factory):
+  return tiny_loaded_factory(3)
 
 
 PROMPTS = suite.parse([json.dumps(dict(id=f"{c}{i}", category=c, prompt=text * (i + 1)))
