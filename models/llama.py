@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import cpu_gemm
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from pallas_kernels.verify_attention import IMPLS, attention_mask, choose_impl, verify_attention
@@ -45,10 +46,12 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 class Attention(nnx.Module):
 
-  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto",
+               matmul_impl: str = "auto"):
     h, dh = cfg.hidden_size, cfg.head_dim
+    dot = cpu_gemm.DotGeneral(matmul_impl)
     lin = lambda i, o, bias: nnx.Linear(i, o, use_bias=bias, param_dtype=dtype, dtype=dtype,
-                                        rngs=rngs)
+                                        dot_general=dot, rngs=rngs)
     self.q_proj = lin(h, cfg.num_heads * dh, cfg.qkv_bias)
     self.k_proj = lin(h, cfg.num_kv_heads * dh, cfg.qkv_bias)
     self.v_proj = lin(h, cfg.num_kv_heads * dh, cfg.qkv_bias)
@@ -79,8 +82,10 @@ class Attention(nnx.Module):
 
 class MLP(nnx.Module):
 
-  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs):
-    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs)
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, matmul_impl: str = "auto"):
+    dot = cpu_gemm.DotGeneral(matmul_impl)
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype,
+                                  dot_general=dot, rngs=rngs)
     self.gate_proj = lin(cfg.hidden_size, cfg.intermediate_size)
     self.up_proj = lin(cfg.hidden_size, cfg.intermediate_size)
     self.down_proj = lin(cfg.intermediate_size, cfg.hidden_size)
@@ -91,11 +96,13 @@ class MLP(nnx.Module):
 
 class Block(nnx.Module):
 
-  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto"):
+  def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto",
+               matmul_impl: str = "auto"):
     self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
-    self.attn = Attention(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl)
+    self.attn = Attention(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl,
+                          matmul_impl=matmul_impl)
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
-    self.mlp = MLP(cfg, dtype=dtype, rngs=rngs)
+    self.mlp = MLP(cfg, dtype=dtype, rngs=rngs, matmul_impl=matmul_impl)
 
   def __call__(self, x, positions, cache, layer, mask, tree_mask=None):
     a, cache = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask)
@@ -117,23 +124,29 @@ class Llama(nnx.Module):
   and tap L is the last layer's output before the final norm.
 
   attention_impl: "auto" (Pallas kernel on GPU, jnp reference elsewhere), "pallas" or "reference";
-  static, see `pallas_kernels.verify_attention`."""
+  static, see `pallas_kernels.verify_attention`.
+  matmul_impl: "auto" (on CPU, fp32 products of <= 64 rows through `models.cpu_gemm`, which reads
+  each weight once for a whole verify block; XLA's dot otherwise), "ffi" or "xla"; static."""
 
   def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None,
-               attention_impl: str = "auto"):
+               attention_impl: str = "auto", matmul_impl: str = "auto"):
     if attention_impl not in IMPLS:
       raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
+    if matmul_impl not in cpu_gemm.IMPLS:
+      raise ValueError(f"matmul_impl must be one of {cpu_gemm.IMPLS}, got {matmul_impl!r}")
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self.config = cfg
     self.attention_impl = attention_impl
+    self.matmul_impl = matmul_impl
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=dtype, dtype=dtype,
                            rngs=rngs)
-    self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl)
-                            for _ in range(cfg.num_layers)])
+    self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl,
+                                  matmul_impl=matmul_impl) for _ in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,
-                                param_dtype=dtype, dtype=dtype, rngs=rngs)
+                                param_dtype=dtype, dtype=dtype,
+                                dot_general=cpu_gemm.DotGeneral(matmul_impl), rngs=rngs)
 
   def __call__(self, tokens: jax.Array, cache: KVCache, *, positions: jax.Array | None = None,
                tree_mask: jax.Array | None = None, num_new: jax.Array | None = None,
@@ -173,5 +186,7 @@ class Llama(nnx.Module):
 
   def logits(self, x: jax.Array) -> jax.Array:
     if self.config.tie_embeddings:
-      return self.embed.attend(x).astype(jnp.float32)
+      table = self.embed.embedding[...]
+      return cpu_gemm.matmul(x.astype(table.dtype), table, transpose_w=True,
+                             impl=self.matmul_impl).astype(jnp.float32)
     return self.lm_head(x).astype(jnp.float32)

@@ -1,9 +1,14 @@
-"""Verification cost of the target: one forward over T tokens against a half-full cache, as a
-multiple of a T=1 decode step, per batch size and attention implementation (JSON out).
+"""Verification cost of the target: one forward over T tokens against a filled cache, as a multiple
+of a T=1 decode step, per batch size, attention and matmul implementation (JSON out).
 
-The cost model's T(1+D)/T(1); on a GPU it shows how far verification is "free" (random weights of
-the default model's shape: the cost does not depend on the values).
-  python -m jspec.bench.verify_cost --json OUT.json [--batch-sizes 1,16] [--tokens 1,2,4,8,16]
+The cost model's T(1+D)/T(1). Every point is compiled and warmed up first, then the points are
+timed round-robin (medians over rounds), so a slow phase of the machine hits all of them alike;
+within a round each point runs twice back to back and the second call is timed, as in a decode
+loop, where the last-level cache still holds the weights from the step before. Beside each point: the bandwidth roofline, the time one pass over the
+weights and the attended K/V takes at the bandwidth measured in the same run (random weights of the
+default model's shape: the cost does not depend on the values).
+  python -m jspec.bench.verify_cost --json OUT.json [--batch-sizes 1,4] [--tokens 1,2,4,8]
+      [--matmul-impls auto,xla] [--impls reference]
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.bench.plain import measure_bandwidth
 from jspec.io import atomic_write_text, check_writable
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
@@ -30,34 +36,49 @@ def _forward(graphdef, weights, cache, tokens):
   return out.logits, out.cache
 
 
-def measure(model: Llama, batch: int, t: int, context: int, max_len: int, repeats: int) -> float:
-  graphdef, weights = nnx.split(model)
-  dtype = jax.tree_util.tree_leaves(weights)[0].dtype
-  cache = KVCache.init(model.config, batch, max_len, dtype=dtype).with_lengths(
-      jnp.full((batch,), context, jnp.int32))
-  tokens = jnp.ones((batch, t), jnp.int32)
-  times = []
-  for i in range(repeats + 2):       # two warm-up calls (the first compiles)
+class Point:
+  """One (impl, matmul impl, B, T) forward, compiled and warmed up, with its own cache."""
+
+  def __init__(self, graphdef, weights, config: LlamaConfig, impl: str, matmul: str, batch: int,
+               t: int, context: int, max_len: int):
+    self.key = dict(impl=impl, matmul_impl=matmul, batch_size=batch, tokens=t)
+    self.graphdef, self.weights = graphdef, weights
+    dtype = jax.tree_util.tree_leaves(weights)[0].dtype
+    self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
+    self.cache = KVCache.init(config, batch, max_len, dtype=dtype).with_lengths(self.lengths())
+    self.tokens = jnp.ones((batch, t), jnp.int32)
+    self.times: list[float] = []
+    for _ in range(2):          # the first call compiles
+      self.call()
+
+  def call(self) -> float:
     start = time.perf_counter()
-    logits, cache = _forward(graphdef, weights, cache, tokens)
+    logits, cache = _forward(self.graphdef, self.weights, self.cache, self.tokens)
     logits.block_until_ready()
-    cache = cache.with_lengths(jnp.full((batch,), context, jnp.int32))
-    if i >= 2:
-      times.append(time.perf_counter() - start)
-  return statistics.median(times)
+    elapsed = time.perf_counter() - start
+    self.cache = cache.with_lengths(self.lengths())
+    return elapsed
+
+
+def step_bytes(model: Llama, batch: int, context: int) -> int:
+  """Bytes a forward must read at least: every weight once, plus the K/V it attends over."""
+  weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(nnx.state(model)))
+  cfg = model.config
+  kv = 2 * cfg.num_layers * batch * context * cfg.num_kv_heads * cfg.head_dim
+  return weights + kv * jax.tree_util.tree_leaves(nnx.state(model))[0].dtype.itemsize
 
 
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--json", required=True)
-  p.add_argument("--batch-sizes", default="1,16")
-  p.add_argument("--tokens", default="1,2,4,8,16")
-  p.add_argument("--impls", default="reference,pallas")
-  p.add_argument("--context", type=int, default=1024, help="committed tokens in the cache")
-  p.add_argument("--max-len", type=int, default=2048, help="cache length")
-  p.add_argument("--dtype", default="bfloat16")
-  p.add_argument("--repeats", type=int, default=10)
-  p.add_argument("--budget-s", type=float, default=120.0, help="start no point after this")
+  p.add_argument("--batch-sizes", default="1,4")
+  p.add_argument("--tokens", default="1,2,3,4,6,8,16")
+  p.add_argument("--impls", default="reference", help="attention: reference,pallas")
+  p.add_argument("--matmul-impls", default="auto", help="auto,xla (see models.cpu_gemm)")
+  p.add_argument("--context", type=int, default=512, help="committed tokens in the cache")
+  p.add_argument("--max-len", type=int, default=1024, help="cache length")
+  p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 elsewhere")
+  p.add_argument("--repeats", type=int, default=15, help="timing rounds over all points")
   args = p.parse_args(argv)
   try:
     check_writable(args.json)
@@ -65,26 +86,68 @@ def main(argv=None) -> None:
     p.error(str(e))
   ints = lambda s: [int(x) for x in s.split(",")]
   cfg = LlamaConfig.smollm2_135m()
-  dtype = jnp.dtype(args.dtype)
-  start = time.perf_counter()
-  rows = []
+  dtype = jnp.dtype(args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16"))
+  # One set of weights for every point: the CPU's last-level cache holds much of the model, and
+  # a real decode loop reuses one set of weights, so separate copies would time cold caches.
+  model = Llama(cfg, dtype=dtype, rngs=nnx.Rngs(0))
+  weights = nnx.state(model)
+  nbytes = {b: step_bytes(model, b, args.context) for b in ints(args.batch_sizes)}
+  points = []
   for impl in args.impls.split(","):
-    model = Llama(cfg, dtype=dtype, rngs=nnx.Rngs(0), attention_impl=impl)
-    for b in ints(args.batch_sizes):
-      base = None
-      for t in ints(args.tokens):
-        if time.perf_counter() - start > args.budget_s:
-          print(f"skipped {impl} B={b} T={t}: over the time budget", flush=True)
-          continue
-        s = measure(model, b, t, args.context, args.max_len, args.repeats)
-        base = s if t == 1 else base
-        rows.append(dict(impl=impl, batch_size=b, tokens=t, ms=1e3 * s,
-                         relative_to_t1=None if base is None else s / base))
-        print(json.dumps(rows[-1]), flush=True)
-  report = dict(model_shape="smollm2-135m", dtype=args.dtype, context=args.context,
+    for matmul in args.matmul_impls.split(","):
+      graphdef = nnx.graphdef(nnx.eval_shape(
+          lambda: Llama(cfg, dtype=dtype, attention_impl=impl, matmul_impl=matmul)))
+      for b in ints(args.batch_sizes):
+        for t in ints(args.tokens):
+          points.append(Point(graphdef, weights, cfg, impl, matmul, b, t, args.context,
+                              args.max_len))
+          print(f"compiled {points[-1].key}", flush=True)
+  # Bandwidth before and after the rounds, not between them: its 512 MB pass would evict the
+  # weights from the last-level cache and make the next point pay for a cold start.
+  bandwidths = [measure_bandwidth(repeats=3)]
+  for r in range(args.repeats):
+    for point in points:
+      point.call()       # untimed: a decode loop runs steps back to back, so time a warm cache
+      point.times.append(point.call())
+    print(f"round {r + 1}/{args.repeats}", flush=True)
+  bandwidths.append(measure_bandwidth(repeats=3))
+  bw = statistics.mean(bandwidths)
+  rows = []
+  for point in points:
+    ms = 1e3 * statistics.median(point.times)
+    base = next(q for q in points if q.key == {**point.key, "tokens": 1}) \
+        if any(q.key == {**point.key, "tokens": 1} for q in points) else None
+    b = point.key["batch_size"]
+    rows.append(dict(**point.key, ms=ms,
+                     ms_p25=1e3 * statistics.quantiles(point.times, n=4)[0],
+                     ms_p75=1e3 * statistics.quantiles(point.times, n=4)[2],
+                     relative_to_t1=None if base is None else ms / (1e3 * statistics.median(base.times)),
+                     roofline_ms=1e3 * nbytes[b] / bw))
+    print(json.dumps(rows[-1]), flush=True)
+  report = dict(model_shape="smollm2-135m", dtype=str(dtype), context=args.context,
                 max_len=args.max_len, backend=jax.default_backend(), device=str(jax.devices()[0]),
-                jax_version=jax.__version__, results=rows)
+                jax_version=jax.__version__, bandwidth_gb_s=bw / 1e9, repeats=args.repeats,
+                results=rows)
   atomic_write_text(args.json, json.dumps(report, indent=2))
+  print(table(report))
+
+
+def table(report: dict) -> str:
+  """Markdown: one row per (impl, matmul impl, B), T(T)/T(1) per column, T=1 ms and roofline."""
+  groups: dict = {}
+  for r in report["results"]:
+    groups.setdefault((r["impl"], r["matmul_impl"], r["batch_size"]), []).append(r)
+  tokens = sorted({r["tokens"] for r in report["results"]})
+  lines = ["| attention | matmul | B | " + " | ".join(f"T={t}" for t in tokens)
+           + " | T=1 ms | roofline ms |", "|" + "---|" * (len(tokens) + 5)]
+  for (impl, matmul, b), rs in groups.items():
+    by_t = {r["tokens"]: r for r in rs}
+    cells = [f"{by_t[t]['relative_to_t1']:.2f}" if t in by_t and by_t[t]["relative_to_t1"]
+             else "—" for t in tokens]
+    t1 = f"{by_t[1]['ms']:.1f}" if 1 in by_t else "—"
+    lines.append(f"| {impl} | {matmul} | {b} | " + " | ".join(cells)
+                 + f" | {t1} | {rs[0]['roofline_ms']:.1f} |")
+  return "\n".join(lines)
 
 
 if __name__ == "__main__":

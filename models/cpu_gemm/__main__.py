@@ -1,0 +1,3 @@
+from models.cpu_gemm import main
+
+main()
