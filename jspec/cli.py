@@ -113,6 +113,9 @@ def cmd_generate(args) -> None:
       check_text(args.system, "--system")
   except ValueError as e:
     sys.exit(f"jspec: {e}")
+  prediction = _read_prediction(args)
+  if prediction is not None:
+    args.drafter = "prediction"     # --prediction alone turns predicted outputs on
   try:   # validate everything cheap before loading a model
     SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
     spec = _spec_config(args.drafter, args.num_draft, args) if args.drafter != "none" else None
@@ -137,7 +140,9 @@ def cmd_generate(args) -> None:
     if spec is not None:
       from jspec.spec_decode import SpecDecoder
       draft = _load(spec.options.draft_model).model if spec.method == "draft_model" else None
-      out = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids).generate([ids], **kw)
+      spec_kw = {} if spec.method != "prediction" else dict(prediction=[prediction])
+      out = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids,
+                        tokenizer=tok).generate([ids], **kw, **spec_kw)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   new = out.token_ids[0]
@@ -162,6 +167,30 @@ def cmd_generate(args) -> None:
     line += (f" vs plain {base.tokens_per_s:.1f} tokens/s: speedup {record['speedup']:.2f}x, "
              f"acceptance length {out.acceptance_length:.2f}")
   print(line + f"; finish: {out.finish_reason[0]}; compilation excluded]", file=sys.stderr)
+
+
+def _read_prediction(args) -> str | None:
+  """--prediction FILE: the expected output's text, checked before the model loads."""
+  from models.tokenizer import check_text
+
+  if args.prediction is None:
+    return None
+  if args.drafter not in ("none", "prediction"):
+    sys.exit(f"jspec: --prediction drafts with the prediction method; drop --drafter "
+             f"{args.drafter} (or pass --drafter prediction)")
+  try:
+    with open(args.prediction, encoding="utf-8") as f:
+      text = f.read()
+  except (OSError, UnicodeDecodeError) as e:
+    sys.exit(f"jspec: cannot read --prediction {args.prediction}: "
+             f"{getattr(e, 'strerror', None) or e}")
+  if not text.strip():
+    sys.exit(f"jspec: --prediction {args.prediction} is empty; give the expected output's text")
+  try:
+    check_text(text, "--prediction")
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  return text
 
 
 def cmd_bench_decode(args) -> None:
@@ -287,6 +316,9 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--drafter", default="none", choices=["none"] + _drafter_names(),
                  help="speculative drafter; with one, plain decoding also runs for the speedup")
   g.add_argument("--num-draft", type=int, default=3, help="draft tokens per round (D)")
+  g.add_argument("--prediction", default=None, metavar="FILE",
+                 help="text file with the expected output (e.g. the code being edited): "
+                 "speculate from it (predicted outputs; implies --drafter prediction)")
   _add_drafter_flags(g)
   g.set_defaults(func=cmd_generate)
 

@@ -74,9 +74,10 @@ def _step_keys(keys: jax.Array, step: jax.Array, salt: int) -> jax.Array:
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "max_len", "eos_ids"))
 def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
                  prompt_len: jax.Array, max_new: jax.Array, sampling: SamplingParams,
-                 keys: jax.Array, *, max_len: int, eos_ids: tuple[int, ...]) -> SpecState:
+                 keys: jax.Array, request: Any = None, *, max_len: int,
+                 eos_ids: tuple[int, ...]) -> SpecState:
   """Prefills the target on the prompts, samples the first token, and initialises the drafter
-  (which sees the prompt's hidden taps)."""
+  (which sees the prompt's hidden taps and the call's per-row drafter inputs, `request`)."""
   model = nnx.merge(graphdef, weights)
   b, p = prompt.shape
   dtype = jax.tree_util.tree_leaves(weights)[0].dtype
@@ -100,7 +101,8 @@ def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
                     round=jnp.zeros((), jnp.int32), hidden=_empty_hidden(model, b, drafter),
                     metrics=metrics)
   ctx = dataclasses.replace(state.context(sampling),
-                            target_hidden=tuple(h.astype(jnp.float32) for h in out.hidden))
+                            target_hidden=tuple(h.astype(jnp.float32) for h in out.hidden),
+                            request=request)
   dstate = drafter.init_state(drafter_params, prompt, ctx, max_len)
   return dataclasses.replace(state, drafter_state=dstate)
 
@@ -128,10 +130,15 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   # 2. verify: [last committed, d_1..d_D] at slots length-1 .. length-1+D
   last = state.tokens[rows, state.length - 1]
   block = jnp.concatenate([last[:, None], draft.tokens], axis=1)                 # [B, D+1]
-  out = model(block, state.cache, taps=drafter.target_taps)                       # [B, D+1, V]
+  if draft.extra is None:
+    out = model(block, state.cache, taps=drafter.target_taps)                     # [B, D+1, V]
+    extra_argmax = None
+  else:
+    out, extra_argmax = _verify_with_extras(model, drafter, state, block, draft.extra)
+  logits = out.logits[:, :d + 1]
 
   # 3. accept: rejection sampling against the same processed p plain sampling uses
-  n_acc, new = verify(_step_keys(state.keys, step, 2), out.logits, sampling, draft.tokens, draft.q,
+  n_acc, new = verify(_step_keys(state.keys, step, 2), logits, sampling, draft.tokens, draft.q,
                       draft_len)
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
@@ -161,9 +168,33 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   state = dataclasses.replace(
       state, tokens=tokens, length=length, finish=finish, round=step,
       cache=out.cache.with_lengths(jnp.maximum(length - 1, 0)), drafter_state=dstate,
-      hidden=tuple(h.astype(jnp.float32) for h in out.hidden), metrics=metrics)
-  dstate = drafter.commit(drafter_params, state.drafter_state, state.context(sampling, n_emit))
+      hidden=tuple(h[:, :d + 1].astype(jnp.float32) for h in out.hidden), metrics=metrics)
+  ctx = dataclasses.replace(state.context(sampling, n_emit), extra_argmax=extra_argmax)
+  dstate = drafter.commit(drafter_params, state.drafter_state, ctx)
   return dataclasses.replace(state, drafter_state=dstate)
+
+
+def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra):
+  """The verify forward over [block, extras]: the chain stays causal and never sees the extras;
+  each extra sees the last committed token (block index 0) and the extras its mask allows.
+  Returns the forward (logits [B, D+1, V]) and the argmax after the extras named by
+  extra.outputs [B, K]."""
+  b, t = block.shape                                       # t = D + 1
+  e = extra.tokens.shape[1]
+  tokens = jnp.concatenate([block, extra.tokens], axis=1)                        # [B, T+E]
+  base = (state.length - 1)[:, None]
+  positions = base + jnp.concatenate(
+      [jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), extra.positions], axis=1)
+  chain = jnp.concatenate([jnp.tril(jnp.ones((t, t), bool)), jnp.zeros((t, e), bool)], axis=1)
+  sees_last = jnp.zeros((b, e, t), bool).at[:, :, 0].set(True)
+  mask = jnp.concatenate([jnp.broadcast_to(chain, (b, t, t + e)),
+                          jnp.concatenate([sees_last, extra.mask], axis=2)], axis=1)  # [B, T+E, T+E]
+  k = extra.outputs.shape[1]
+  idx = jnp.concatenate([jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
+                         t + extra.outputs.astype(jnp.int32)], axis=1)            # [B, T+K]
+  out = model(tokens, state.cache, positions=positions, tree_mask=mask, logit_indices=idx,
+              taps=drafter.target_taps)
+  return out, jnp.argmax(out.logits[:, t:t + k], axis=-1).astype(jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))

@@ -54,14 +54,36 @@ class SpecDecoder:
   """Speculative decoding of `target` with the drafter a config names."""
 
   def __init__(self, target: Llama, config: SpeculativeConfig | dict, *,
-               draft_model: Llama | None = None, eos_ids: Sequence[int] = ()):
+               draft_model: Llama | None = None, eos_ids: Sequence[int] = (), tokenizer=None):
+    """tokenizer: only to encode predictions given as text (`generate(prediction=...)`)."""
     self.spec = config if isinstance(config, SpeculativeConfig) else \
         SpeculativeConfig.from_dict(config)
     self.config = target.config
     self.graphdef, self.weights = nnx.split(target)
     self.drafter, self.drafter_params = build_drafter(self.spec, target, draft_model)
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
+    self.tokenizer = tokenizer
+    self._initial_params = self.drafter_params
     self._programs = {}
+
+  def reset_drafter(self) -> None:
+    """Forgets what the drafter learned across calls (suffix decoding's global cache)."""
+    self.drafter_params = self._initial_params
+
+  def _after_generate(self, prompts, outputs) -> None:
+    hook = getattr(self.drafter, "after_generate", None)
+    if hook is not None:
+      self.drafter_params = hook(self.drafter_params, prompts, outputs)
+
+  def _request(self, prediction, b: int):
+    """The per-call drafter inputs (predicted outputs), validated before any compilation."""
+    make = getattr(self.drafter, "make_request", None)
+    if make is None:
+      if prediction is not None:
+        raise ValueError(f"prediction= needs the 'prediction' method; this decoder drafts with "
+                         f"{self.spec.method!r}")
+      return None
+    return make(prediction, b, vocab_size=self.config.vocab_size, tokenizer=self.tokenizer)
 
   def clear_compiled(self) -> None:
     """Drops the compiled programs (each shape's executables stay in memory until then)."""
@@ -71,12 +93,15 @@ class SpecDecoder:
   def num_draft(self) -> int:
     return self.drafter.num_draft
 
-  def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to=0):
+  def _prepare(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to=0,
+               prediction=None):
     tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config, pad_to)
     b = len(prompts)
     d = self.num_draft
-    if max_len is None:
-      max_len = tokens.shape[1] + int(max_new.max()) + d + 1
+    request = self._request(prediction, b)
+    if max_len is None:   # room for the last round's draft and any unverified extras
+      max_len = (tokens.shape[1] + int(max_new.max()) + d + 1 +
+                 getattr(self.drafter, "num_extra", 0))
     elif int(lens.max()) + 1 + d > max_len:
       raise ValueError(f"num_speculative_tokens ({d}) is too large for max_len={max_len}: the "
                        f"longest prompt ({int(lens.max())} tokens) + 1 + D must fit; raise max_len "
@@ -84,13 +109,14 @@ class SpecDecoder:
     if tokens.shape[1] > max_len:
       tokens = tokens[:, :max_len]
     sampling = SamplingParams.make(b, temperature, top_k, top_p)
-    return tokens, lens, max_new, sampling, row_keys(seed, b), int(max_len)
+    return tokens, lens, max_new, sampling, row_keys(seed, b), int(max_len), request
 
-  def _compiled(self, tokens, lens, max_new, sampling, keys, max_len, eos_ids):
-    key = (tokens.shape, max_len, eos_ids)
+  def _compiled(self, tokens, lens, max_new, sampling, keys, max_len, eos_ids, request):
+    key = (tokens.shape, max_len, eos_ids,
+           tuple(x.shape for x in jax.tree_util.tree_leaves(request)))
     if key not in self._programs:
       args = (self.weights, self.drafter, self.drafter_params, jnp.asarray(tokens),
-              jnp.asarray(lens), jnp.asarray(max_new), sampling, keys)
+              jnp.asarray(lens), jnp.asarray(max_new), sampling, keys, request)
       lowered = engine.spec_prefill.lower(self.graphdef, *args, max_len=max_len, eos_ids=eos_ids)
       pre = lowered.compile()
       state = lowered.out_info   # the SpecState's shapes, to compile the loop ahead of time too
@@ -100,22 +126,26 @@ class SpecDecoder:
       self._programs[key] = (pre, gen)
     return self._programs[key]
 
-  def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to):
+  def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
+             prediction=None):
     """Validates, compiles (timed apart) and returns the programs with the prefill's arguments."""
-    tokens, lens, max_new, sampling, keys, max_len = self._prepare(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to)
+    tokens, lens, max_new, sampling, keys, max_len, request = self._prepare(
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to, prediction)
     eos_ids = self.eos_ids if eos else ()
     t0 = time.perf_counter()
-    pre, gen = self._compiled(tokens, lens, max_new, sampling, keys, max_len, eos_ids)
+    pre, gen = self._compiled(tokens, lens, max_new, sampling, keys, max_len, eos_ids, request)
     args = (self.weights, self.drafter_params, jnp.asarray(tokens), jnp.asarray(lens),
-            jnp.asarray(max_new), sampling, keys)
+            jnp.asarray(max_new), sampling, keys, request)
     return pre, gen, args, lens, sampling, time.perf_counter() - t0
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
                top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None,
-               pad_to: int = 0) -> SpecOutput:
+               pad_to: int = 0, prediction: Sequence | None = None) -> SpecOutput:
+    """prediction: with the 'prediction' method, per row the expected output (text, token ids or
+    None) that the drafter proposes from (rows without one fall back to n-gram lookup)."""
     pre, gen, args, lens, sampling, compile_s = self._start(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to)
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
+        prediction)
     t1 = time.perf_counter()
     state = pre(*args)
     jax.block_until_ready(state)
@@ -123,28 +153,31 @@ class SpecDecoder:
     state = gen(self.weights, self.drafter_params, state, sampling)
     jax.block_until_ready(state)
     t3 = time.perf_counter()
-    return self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=compile_s)
+    out = self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=compile_s)
+    self._after_generate(prompts, out.token_ids)
+    return out
 
   def prefill(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
               top_k=0, top_p=1.0, seed=0, eos: bool = True,
-              max_len: int | None = None,
-              pad_to: int = 0) -> tuple[engine.SpecState, SamplingParams]:
+              max_len: int | None = None, pad_to: int = 0,
+              prediction: Sequence | None = None) -> tuple[engine.SpecState, SamplingParams]:
     """The state after the prefill, as `generate` starts its rounds from it (for timing a round's
     parts, or driving rounds by hand with `engine.spec_round`)."""
     pre, _, args, _, sampling, _ = self._start(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to)
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
+        prediction)
     return pre(*args), sampling
 
   def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
-             top_k=0, top_p=1.0, seed=0, eos: bool = True,
-             max_len: int | None = None) -> Iterator[list[list[int]]]:
+             top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None,
+             prediction: Sequence | None = None) -> Iterator[list[list[int]]]:
     """Yields, after the prefill and after every round, the tokens each row newly committed."""
-    tokens, lens, max_new, sampling, keys, max_len = self._prepare(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len)
+    tokens, lens, max_new, sampling, keys, max_len, request = self._prepare(
+        prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, prediction=prediction)
     eos_ids = self.eos_ids if eos else ()
     state = engine.spec_prefill(self.graphdef, self.weights, self.drafter, self.drafter_params,
                                 jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(max_new),
-                                sampling, keys, max_len=max_len, eos_ids=eos_ids)
+                                sampling, keys, request, max_len=max_len, eos_ids=eos_ids)
     seen = lens.copy()
     while True:
       length = np.asarray(state.length)
@@ -152,6 +185,8 @@ class SpecDecoder:
       yield [buf[i, seen[i]:length[i]].tolist() for i in range(len(lens))]
       seen = length
       if bool(np.all(np.asarray(state.done))):
+        self._after_generate(prompts, [buf[i, lens[i]:length[i]].tolist()
+                                       for i in range(len(lens))])
         return
       state = engine.spec_round(self.graphdef, self.weights, self.drafter, self.drafter_params,
                                 state, sampling, eos_ids=eos_ids)

@@ -3,6 +3,7 @@ pass over 1+D tokens and the drafter's propose + commit (for the cost model and 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -24,6 +25,9 @@ def _verify(graphdef, weights, cache, block, taps):
 @functools.partial(jax.jit, static_argnames=("drafter",), donate_argnames=("dstate",))
 def _draft(drafter, drafter_params, dstate, ctx, keys):
   draft, dstate = drafter.propose(drafter_params, dstate, ctx, keys)
+  if draft.extra is not None:   # stand-ins of the right shape for the target's outputs there
+    ctx = dataclasses.replace(ctx, extra_argmax=jnp.take_along_axis(
+        draft.extra.tokens, draft.extra.outputs, axis=1))
   return draft, drafter.commit(drafter_params, dstate, ctx)
 
 
@@ -37,10 +41,21 @@ def _median_time(fn, repeats: int) -> float:
   return statistics.median(times)
 
 
-def time_verify(spec, state, repeats: int = 5) -> float:
-  """Median seconds of the target's pass over 1+D tokens at `state` (its cache is consumed).
+@functools.partial(jax.jit, static_argnames=("graphdef", "drafter"), donate_argnames=("cache",))
+def _verify_extras(graphdef, weights, drafter, cache, state, block, extra):
+  from jspec.engine import _verify_with_extras
+  state = dataclasses.replace(state, cache=cache)
+  out, _ = _verify_with_extras(nnx.merge(graphdef, weights), drafter, state, block, extra)
+  return out.logits, out.cache
+
+
+def time_verify(spec, state, repeats: int = 5, sampling=None) -> float:
+  """Median seconds of the target's pass over 1+D tokens at `state` (its cache is consumed), plus
+  the unverified tokens a drafter adds to it (lookahead's window; `sampling` needed then).
 
   The cache is donated and fed back, so that no call pays for a copy the real round never makes."""
+  if getattr(spec.drafter, "num_extra", 0):
+    return _time_verify_extras(spec, state, sampling, repeats)
   d = spec.num_draft
   slots = jnp.clip(state.length[:, None] - 1 + jnp.arange(d + 1)[None, :], 0,
                    state.tokens.shape[1] - 1)
@@ -70,3 +85,24 @@ def time_draft(spec, state, sampling, repeats: int = 5) -> float:
     return out
 
   return _median_time(draft, repeats)
+
+
+def _time_verify_extras(spec, state, sampling, repeats: int) -> float:
+  """The verify forward with the drafter's extra tokens, as the round runs it (the drafter state
+  is read, not consumed)."""
+  b = state.length.shape[0]
+  draft, _ = jax.jit(spec.drafter.propose)(spec.drafter_params, state.drafter_state,
+                                           state.context(sampling), row_keys(0, b))
+  block = jnp.concatenate([state.tokens[jnp.arange(b), state.length - 1][:, None], draft.tokens],
+                          axis=1)                                               # [B, 1+D]
+  lengths = np.asarray(state.cache.lengths)
+  light = dataclasses.replace(state, cache=None)
+  box = {"cache": state.cache}
+
+  def verify():
+    logits, cache = _verify_extras(spec.graphdef, spec.weights, spec.drafter, box["cache"], light,
+                                   block, draft.extra)
+    box["cache"] = cache.with_lengths(jnp.asarray(lengths))
+    return logits
+
+  return _median_time(verify, repeats)

@@ -1,4 +1,5 @@
 """Drafters: one algorithm per file, all behind the interface in `base.py`; each module registers
 its method in `registry.py` on import."""
 
-from jspec.drafters import draft_model, eagle3, ngram  # noqa: F401  (registration)
+from jspec.drafters import (draft_model, eagle3, lookahead, ngram, prediction,  # noqa: F401
+                            suffix)  # (registration)

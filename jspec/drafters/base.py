@@ -1,5 +1,5 @@
-"""The drafter interface every method implements (n-gram, draft model, layer-skip; EAGLE-3, MTP,
-Medusa, DFlash, DSpark, suffix and lookahead later).
+"""The drafter interface every method implements (n-gram, draft model, layer-skip, EAGLE-3, suffix,
+lookahead, predicted outputs; MTP, Medusa, DFlash, DSpark later).
 
 A drafter is a frozen, hashable object holding only static configuration, so it can be a static
 argument of `jax.jit`. Its arrays live in two pytrees the engine threads through the round:
@@ -25,6 +25,22 @@ class Draft:
   q: jax.Array | None = None    # [B, D, V] the processed distributions the tokens were sampled
                                 # from; None for deterministic drafts (verified as one-hot)
   length: jax.Array | None = None   # [B] valid proposals per row (None = all D)
+  extra: "ExtraTokens | None" = None   # tokens the target also runs in the verify forward
+                                # without verifying them (lookahead decoding's Jacobi window)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ExtraTokens:
+  """E unverified tokens appended to the verify block [last, d_1..d_D]. Each sees the committed
+  sequence (the last committed token included) and the extras `mask` allows, never the draft; the
+  target's greedy token after each extra named by `outputs` comes back in commit's
+  `ctx.extra_argmax`. Their K/V lands past the committed length (garbage the next round
+  overwrites), so they change no committed token."""
+  tokens: jax.Array             # [B, E]
+  positions: jax.Array          # [B, E] RoPE offsets from the last committed token's position (>= 1)
+  mask: jax.Array               # [B, E, E] bool: which extras each extra attends to
+  outputs: jax.Array            # [B, K] int32 indices into the E extras to project to logits
 
 
 @jax.tree_util.register_dataclass
@@ -41,6 +57,10 @@ class Context:
   num_new: jax.Array | None = None   # [B] tokens the last round committed (accepted + 1, after
                                 # EOS / length truncation; 0 for a finished row); None before
                                 # the first round
+  extra_argmax: jax.Array | None = None   # [B, K] in commit: the target's argmax after the
+                                # extras the draft's ExtraTokens.outputs named; None otherwise
+  request: Any = None           # in init_state: per-call drafter inputs given to generate (e.g.
+                                # predicted outputs); None when there are none
 
 
 class Drafter(Protocol):

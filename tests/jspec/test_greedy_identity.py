@@ -1,5 +1,6 @@
 """Greedy speculative decoding emits plain greedy decoding's tokens on the default model: 20 prompts
-x B in {1, 4} x D in {1, 3, 7} (EAGLE-3: {1, 3, 5}) x every drafter.
+x B in {1, 4} x D in {1, 3, 7} (EAGLE-3: {1, 3, 5}; the model-free suffix, lookahead and
+prediction drafters: D = 3) x every drafter.
 
 A (1+D)-token verify and a 1-token decode reduce in different orders, so where the plain path's
 own top-2 logit gap is below 1e-4 either token is correct: rows are compared up to the first such
@@ -44,8 +45,12 @@ DRAFTERS = {
     "layer_skip": lambda d: ({"method": "layer_skip", "num_speculative_tokens": d,
                               "num_layers": 8}, False),
     "eagle3": lambda d: ({"method": "eagle3", "num_speculative_tokens": d}, False),
+    "suffix": lambda d: ({"method": "suffix", "num_speculative_tokens": d}, False),
+    "lookahead": lambda d: ({"method": "lookahead", "num_speculative_tokens": d}, False),
+    "prediction": lambda d: ({"method": "prediction", "num_speculative_tokens": d}, False),
 }
-CASES = [(name, d) for name in DRAFTERS for d in ((1, 3, 5) if name == "eagle3" else (1, 3, 7))]
+DEPTHS = {"eagle3": (1, 3, 5), "suffix": (3,), "lookahead": (3,), "prediction": (3,)}
+CASES = [(name, d) for name in DRAFTERS for d in DEPTHS.get(name, (1, 3, 7))]
 _stats = {"rows": 0, "near_ties": 0}
 
 
@@ -79,9 +84,15 @@ def test_greedy_identity(smollm, prompts, plain, eagle3_head, name, d, batch):
   cfg, self_draft = DRAFTERS[name](d)
   draft = smollm.model if self_draft else (eagle3_head if name == "eagle3" else None)
   sd = SpecDecoder(smollm.model, cfg, draft_model=draft)
+  # predictions: the plain output with a gap and a wrong token (re-synchronisation), none for
+  # every third row (n-gram fallback); suffix keeps its global cache across the calls
+  preds = [None if i % 3 == 0 else ref[:4] + ref[7:10] + [ref[10] + 1] + ref[11:]
+           for i, (ref, _) in enumerate(plain)]
   outs = []
   for start in range(0, len(prompts), batch):
-    outs += sd.generate(prompts[start:start + batch], max_new_tokens=NEW, eos=False).token_ids
+    extra = dict(prediction=preds[start:start + batch]) if name == "prediction" else {}
+    outs += sd.generate(prompts[start:start + batch], max_new_tokens=NEW, eos=False,
+                        **extra).token_ids
   for i, (spec, (ref, margins)) in enumerate(zip(outs, plain)):
     assert len(spec) == NEW
     ties = [j for j, m in enumerate(margins) if m < NEAR_TIE]

@@ -4,9 +4,12 @@ of the first 3 emitted tokens equals the target's, to 1e-6.
 Every draft sequence is enumerated with its probability under q, the acceptance probabilities and
 final-token distributions come from `jspec.rejection.chain_outcomes` (the deterministic half of
 `verify_chain`; its random half is checked by the Monte-Carlo test through the real round), p and
-q come from `jspec.sampling.process_logits`, and rounds chain until 3 tokens are out.
+q come from `jspec.sampling.process_logits`, and rounds chain until 3 tokens are out. The
+model-free drafters (suffix, lookahead, prediction) are enumerated through their own `propose`:
+deterministic drafts (q = None) of per-context length.
 """
 
+import dataclasses
 import functools
 import itertools
 
@@ -30,6 +33,57 @@ PROMPT = (1, 2)
 _process = jax.jit(process_logits)
 _outcomes = jax.jit(chain_outcomes)
 
+# Model-free drafters' fixed inputs: what each knows besides the context (a global cache of
+# earlier outputs, a background text seeding the n-gram pool, a prediction).
+_BACKGROUND = (1, 2, 3, 1, 2, 0, 5, 0, 1, 2, 3, 3, 0, 5, 2, 4)   # no n-gram starts with 4
+_CACHED = [[1, 2, 3, 4, 5, 0, 2], [2, 3, 4, 1, 2, 3, 0]]
+_PREDICTION = (0, 2, 5, 1, 3, 3, 4, 2)
+_SLOTS = 8                                       # context buffer of the drafters' propose
+
+
+@functools.lru_cache(maxsize=None)
+def _model_free_drafter(name, d):
+  from jspec.drafters.base import Context
+  from jspec.drafters.lookahead import LookaheadDrafter
+  from jspec.drafters.prediction import Prediction, PredictionDrafter
+  from jspec.drafters.suffix import SuffixCache, SuffixDrafter, pack_cache
+
+  def context(tokens, length):
+    return Context(tokens=tokens, length=length, prompt_len=length,
+                   sampling=SamplingParams.make(1))
+
+  if name == "suffix":
+    drafter = SuffixDrafter(d, max_depth=4, cache_tokens=32)
+    params = SuffixCache(jnp.asarray(pack_cache(_CACHED, 32)))
+    fn = lambda tokens, length: drafter.propose(params, (), context(tokens, length), None)[0]
+  elif name == "lookahead":
+    drafter = LookaheadDrafter(d, window=2, ngram=d + 1, pool_size=16, candidates=4)
+
+    def fn(tokens, length):
+      bg = jnp.asarray([_BACKGROUND], jnp.int32)
+      state = drafter.init_state(None, bg, context(bg, jnp.asarray([len(_BACKGROUND)])), 32)
+      return drafter.propose(None, state, context(tokens, length), None)[0]
+  else:
+    drafter = PredictionDrafter(d, 1, 3)
+
+    def fn(tokens, length):
+      pred = Prediction(jnp.asarray([_PREDICTION], jnp.int32),
+                        jnp.asarray([len(_PREDICTION)], jnp.int32))
+      state = drafter.init_state(None, tokens, dataclasses.replace(context(tokens, length),
+                                                                    request=pred), 32)
+      state = dataclasses.replace(state, pos=jnp.full((1,), -1, jnp.int32))   # resync from ctx
+      return drafter.propose(None, state, context(tokens, length), None)[0]
+  return jax.jit(fn)
+
+
+@functools.lru_cache(maxsize=None)
+def model_free_draft(name, ctx, d):
+  """The drafter's deterministic draft at context ctx: (tokens of length d, valid length)."""
+  tokens = jnp.asarray([list(ctx) + [0] * (_SLOTS - len(ctx))], jnp.int32)
+  draft = _model_free_drafter(name, d)(tokens, jnp.asarray([len(ctx)], jnp.int32))
+  assert draft.q is None
+  return tuple(np.asarray(draft.tokens[0]).tolist()), int(draft.length[0])
+
 
 def _dist(table, ctxs, params):
   """Processed distributions [len(ctxs), V] at each context (one jitted call)."""
@@ -48,7 +102,8 @@ def target_joint(params):
 
 def spec_joint(params, d, mode, limit=None):
   """Distribution of the first NEED emitted tokens under speculative decoding. mode: "sampled" or
-  "deterministic", with "-reduced" for a drafter restricted to a draft vocabulary."""
+  "deterministic", with "-reduced" for a drafter restricted to a draft vocabulary, or
+  "drafter:<name>" for a model-free drafter's own drafts."""
   table = DRAFT_REDUCED if mode.endswith("-reduced") else DRAFT
   mode = mode.removesuffix("-reduced")
 
@@ -56,7 +111,11 @@ def spec_joint(params, d, mode, limit=None):
   def from_ctx(ctx, need):
     # Enumerate draft sequences with their probability under the drafter.
     drafts = [((), 1.0)]
-    for _ in range(d):
+    lengths = None
+    if mode.startswith("drafter:"):
+      tokens, n = model_free_draft(mode.split(":")[1], ctx, d)
+      drafts, lengths = [(tokens, 1.0)], jnp.asarray([n], jnp.int32)
+    for _ in range(d if lengths is None else 0):
       nxt = []
       ctxs = [ctx + s for s, _ in drafts]
       q = _dist(table, ctxs, params)
@@ -74,6 +133,7 @@ def spec_joint(params, d, mode, limit=None):
       q = _dist(table, [ctx + s[:i] for s in seqs for i in range(d)], params)
       q = jnp.asarray(q.reshape(len(seqs), d, V), jnp.float32)
     draft_len = None if limit is None else jnp.full((len(seqs),), limit, jnp.int32)
+    draft_len = lengths if lengths is not None else draft_len
     accept, final = _outcomes(jnp.asarray(p, jnp.float32), jnp.asarray(seqs, jnp.int32), q,
                               draft_len)
     accept, final = np.asarray(accept, np.float64), np.asarray(final, np.float64)
@@ -116,7 +176,10 @@ PARAMS = {
                                              (2, "deterministic", None),
                                              (3, "deterministic", 1),
                                              (2, "sampled-reduced", None),
-                                             (2, "deterministic-reduced", None)])
+                                             (2, "deterministic-reduced", None),
+                                             (3, "drafter:suffix", None),
+                                             (3, "drafter:lookahead", None),
+                                             (3, "drafter:prediction", None)])
 def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
   t, k, p = PARAMS[name]
   params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))
@@ -125,6 +188,14 @@ def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
   assert abs(sum(got.values()) - 1.0) < 1e-6
   for seq, prob in want.items():
     assert abs(got.get(seq, 0.0) - prob) < 1e-6, (seq, got.get(seq, 0.0), prob)
+
+
+@pytest.mark.parametrize("name", ["suffix", "lookahead", "prediction"])
+def test_model_free_drafters_propose_in_the_enumeration(name):
+  """The enumerated contexts do exercise the drafters: most get a draft, of varied lengths."""
+  ctxs = [PROMPT + s for n in range(NEED) for s in itertools.product(range(V), repeat=n)]
+  lengths = [model_free_draft(name, c, 3)[1] for c in ctxs]
+  assert sum(n > 0 for n in lengths) > len(ctxs) // 2 and len(set(lengths)) >= 2, lengths
 
 
 def test_verifying_a_sampled_draft_as_one_hot_loses_acceptance():
