@@ -1,35 +1,58 @@
 """Speculative decoding configuration: one validated object, built from a dict the way vLLM's
 `speculative_config` reads, e.g. {"method": "ngram", "num_speculative_tokens": 4}. The method's own
-keys live in its registered options dataclass (jspec/drafters/registry.py)."""
+keys live in its registered options dataclass (jspec/drafters/registry.py).
+
+`num_speculative_tokens: "auto"` (or a `draft_lengths` list) makes the draft length adaptive: every
+round verifies one of the compiled lengths, chosen from the acceptance of earlier rounds and the
+measured verify cost (jspec/adaptive.py); 0 among them is a plain decode step."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+from jspec.adaptive import DEFAULT_LENGTHS, validate_lengths
 from jspec.drafters import registry
 
 MAX_DRAFT = 64
+TOP_KEYS = ("method", "num_speculative_tokens", "draft_lengths")
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeConfig:
   method: str
-  num_speculative_tokens: int
+  num_speculative_tokens: int | str   # D, or "auto" (adaptive over draft_lengths)
   options: Any = None      # the method's options dataclass (defaults when None)
+  draft_lengths: tuple[int, ...] | None = None   # adaptive: the lengths a round may verify
 
   def __post_init__(self):
     entry = registry.get(self.method)
     object.__setattr__(self, "method", entry.name)
     d = self.num_speculative_tokens
+    if d == "auto":
+      lengths = validate_lengths(self.draft_lengths or DEFAULT_LENGTHS)
+      object.__setattr__(self, "draft_lengths", lengths)
+      d = lengths[-1]
+    elif self.draft_lengths is not None:
+      if isinstance(d, int) and not isinstance(d, bool):
+        object.__setattr__(self, "draft_lengths", validate_lengths(self.draft_lengths, d))
     if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= MAX_DRAFT:
-      raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_DRAFT}], got {d!r} "
-                       "(use plain decoding for 0)")
+      raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_DRAFT}] or 'auto', "
+                       f"got {self.num_speculative_tokens!r} (use plain decoding for 0)")
     if self.options is None:
       object.__setattr__(self, "options", entry.options())
     elif not isinstance(self.options, entry.options):
       raise ValueError(f"options for {entry.name!r} must be a {entry.options.__name__}, got "
                        f"{type(self.options).__name__}")
+
+  @property
+  def max_draft(self) -> int:
+    """D_max: the drafts proposed per round."""
+    return self.draft_lengths[-1] if self.adaptive else self.num_speculative_tokens
+
+  @property
+  def adaptive(self) -> bool:
+    return self.draft_lengths is not None
 
   @property
   def entry(self) -> registry.Method:
@@ -41,15 +64,18 @@ class SpeculativeConfig:
       if key not in d:
         raise ValueError(f"speculative config needs {key!r}")
     entry = registry.get(d["method"])
-    rest = {k: v for k, v in d.items() if k not in ("method", "num_speculative_tokens")}
+    rest = {k: v for k, v in d.items() if k not in TOP_KEYS}
     fields = {f.name for f in dataclasses.fields(entry.options)}
     unknown = sorted(set(rest) - fields)
     if unknown:
-      valid = sorted(fields | {"method", "num_speculative_tokens"})
+      valid = sorted(fields | set(TOP_KEYS))
       raise ValueError(f"unknown speculative config keys {unknown} for method {entry.name!r}; "
                        f"valid keys: {valid}")
-    return cls(entry.name, d["num_speculative_tokens"], entry.options(**rest))
+    lengths = d.get("draft_lengths")
+    return cls(entry.name, d["num_speculative_tokens"], entry.options(**rest),
+               None if lengths is None else validate_lengths(lengths))
 
   def to_dict(self) -> dict[str, Any]:
-    return dict(method=self.method, num_speculative_tokens=self.num_speculative_tokens,
+    extra = {} if self.draft_lengths is None else {"draft_lengths": list(self.draft_lengths)}
+    return dict(method=self.method, num_speculative_tokens=self.num_speculative_tokens, **extra,
                 **dataclasses.asdict(self.options))

@@ -127,19 +127,21 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
                                   _step_keys(state.keys, step, 1))
   draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
 
-  # 2. verify: [last committed, d_1..d_D] at slots length-1 .. length-1+D
-  last = state.tokens[rows, state.length - 1]
-  block = jnp.concatenate([last[:, None], draft.tokens], axis=1)                 # [B, D+1]
-  if draft.extra is None:
-    out = model(block, state.cache, taps=drafter.target_taps)                     # [B, D+1, V]
-    extra_argmax = None
+  # 2-3. verify [last committed, d_1..d_W] in one target forward, accept by rejection sampling.
+  # W = D, or (adaptive drafters, jspec.adaptive) the W the drafter picks from earlier rounds and
+  # this draft, among its compiled lengths.
+  verify_keys = _step_keys(state.keys, step, 2)
+  lengths = getattr(drafter, "lengths", None)
+  if lengths is None:
+    n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
+        model, drafter, state, draft, draft_len, sampling, verify_keys, d)
   else:
-    out, extra_argmax = _verify_with_extras(model, drafter, state, block, draft.extra)
-  logits = out.logits[:, :d + 1]
-
-  # 3. accept: rejection sampling against the same processed p plain sampling uses
-  n_acc, new = verify(_step_keys(state.keys, step, 2), logits, sampling, draft.tokens, draft.q,
-                      draft_len)
+    k = drafter.choose(drafter_params, dstate, draft_len, live)
+    n_acc, new, out_cache, hidden, extra_argmax = jax.lax.switch(
+        k, [functools.partial(_verify_width, model, drafter, width=w) for w in lengths],
+        state, draft, draft_len, sampling, verify_keys)
+    dstate = drafter.observe(dstate, k, n_acc, new, draft.tokens, draft_len, live)
+    draft_len = jnp.minimum(draft_len, jnp.asarray(lengths, jnp.int32)[k])
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
   j = jnp.arange(d + 1)[None, :]
@@ -167,11 +169,33 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
       accepted_at=m.accepted_at + live_i[:, None] * (jnp.arange(d)[None, :] < n_acc[:, None]))
   state = dataclasses.replace(
       state, tokens=tokens, length=length, finish=finish, round=step,
-      cache=out.cache.with_lengths(jnp.maximum(length - 1, 0)), drafter_state=dstate,
-      hidden=tuple(h[:, :d + 1].astype(jnp.float32) for h in out.hidden), metrics=metrics)
+      cache=out_cache.with_lengths(jnp.maximum(length - 1, 0)), drafter_state=dstate,
+      hidden=hidden, metrics=metrics)
   ctx = dataclasses.replace(state.context(sampling, n_emit), extra_argmax=extra_argmax)
   dstate = drafter.commit(drafter_params, state.drafter_state, ctx)
   return dataclasses.replace(state, drafter_state=dstate)
+
+
+def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, keys, width: int):
+  """Verifies the first `width` drafts. Returns (n_acc [B], tokens [B, D+1] (the first n_acc + 1
+  are the round's output), the target cache, the block's taps [B, D+1, H], extra argmax)."""
+  b, d = draft.tokens.shape
+  rows = jnp.arange(b)
+  last = state.tokens[rows, state.length - 1]
+  block = jnp.concatenate([last[:, None], draft.tokens[:, :width]], axis=1)       # [B, W+1]
+  if draft.extra is None:
+    out = model(block, state.cache, taps=drafter.target_taps)                     # [B, W+1, V]
+    extra_argmax = None
+  else:
+    out, extra_argmax = _verify_with_extras(model, drafter, state, block, draft.extra)
+  q = None if draft.q is None else draft.q[:, :width]
+  n_acc, new = verify(keys, out.logits[:, :width + 1], sampling, draft.tokens[:, :width], q,
+                      jnp.minimum(draft_len, width))
+  pad = d - width
+  new = jnp.pad(new, ((0, 0), (0, pad)))
+  hidden = tuple(jnp.pad(h[:, :width + 1].astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
+                 for h in out.hidden)
+  return n_acc, new, out.cache, hidden, extra_argmax
 
 
 def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra):

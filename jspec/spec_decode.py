@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from jspec import engine
+from jspec.adaptive import AdaptiveDrafter, CostTable
 from jspec.config import SpeculativeConfig
 from jspec.decode import DecodeOutput, row_keys, validate_request
 from jspec.sampling import SamplingParams
@@ -27,6 +28,8 @@ class SpecOutput(DecodeOutput):
   steps: int = 0                   # rounds the batch ran (the slowest row's)
   accepted_at: list[int] = dataclasses.field(default_factory=list)
   # [D] rounds (summed over rows) in which draft position i was accepted
+  verified_lengths: dict[int, int] = dataclasses.field(default_factory=dict)
+  # adaptive configs: how many rounds verified each draft length (0 = a plain step)
 
   @property
   def per_position_acceptance(self) -> list[float]:
@@ -41,26 +44,39 @@ class SpecOutput(DecodeOutput):
   def metrics(self) -> dict:
     return dict(acceptance_length=self.acceptance_length,
                 per_position_acceptance=self.per_position_acceptance, rounds=self.rounds,
-                drafted=self.drafted, accepted=self.accepted, tokens_per_s=self.tokens_per_s)
+                drafted=self.drafted, accepted=self.accepted, tokens_per_s=self.tokens_per_s,
+                **({"verified_lengths": self.verified_lengths} if self.verified_lengths else {}))
 
 
-def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama | None = None):
-  """Returns (drafter, drafter_params) for a config, through the method's registry entry."""
-  return config.entry.build(config.options, config.num_speculative_tokens, target,
-                            draft_model=draft_model)
+def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama | None = None,
+                  cost_table: CostTable | None = None):
+  """Returns (drafter, drafter_params) for a config, through the method's registry entry; an
+  adaptive config wraps the drafter in `AdaptiveDrafter` with the cost table's round costs."""
+  drafter, params = config.entry.build(config.options, config.max_draft, target,
+                                       draft_model=draft_model)
+  if not config.adaptive:
+    return drafter, params
+  costs = cost_table or CostTable.default()
+  wrapped = AdaptiveDrafter(drafter, config.draft_lengths, tuple(sorted(costs.verify)))
+  return wrapped, wrapped.make_params(params, costs)
 
 
 class SpecDecoder:
   """Speculative decoding of `target` with the drafter a config names."""
 
   def __init__(self, target: Llama, config: SpeculativeConfig | dict, *,
-               draft_model: Llama | None = None, eos_ids: Sequence[int] = (), tokenizer=None):
-    """tokenizer: only to encode predictions given as text (`generate(prediction=...)`)."""
+               draft_model: Llama | None = None, eos_ids: Sequence[int] = (), tokenizer=None,
+               cost_table: CostTable | str | None = None):
+    """tokenizer: only to encode predictions given as text (`generate(prediction=...)`).
+    cost_table: for adaptive configs, the measured verify/draft costs (a `CostTable` or the path of
+    a `jspec plan` JSON); the built-in defaults for this backend when None."""
     self.spec = config if isinstance(config, SpeculativeConfig) else \
         SpeculativeConfig.from_dict(config)
     self.config = target.config
     self.graphdef, self.weights = nnx.split(target)
-    self.drafter, self.drafter_params = build_drafter(self.spec, target, draft_model)
+    if cost_table is not None and not isinstance(cost_table, CostTable):
+      cost_table = CostTable.load(cost_table)
+    self.drafter, self.drafter_params = build_drafter(self.spec, target, draft_model, cost_table)
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
     self.tokenizer = tokenizer
     self._initial_params = self.drafter_params
@@ -197,9 +213,12 @@ class SpecDecoder:
     finish = np.asarray(state.finish)
     m = jax.tree_util.tree_map(np.asarray, state.metrics)
     rounds = int(m.rounds.sum())
+    chosen = getattr(state.drafter_state, "chosen", None)
+    verified = {} if chosen is None else {
+        int(n): int(c) for n, c in zip(self.drafter.lengths, np.asarray(chosen))}
     return SpecOutput(
         token_ids=[buf[i, lens[i]:length[i]].tolist() for i in range(len(lens))],
         finish_reason=[engine.FINISH_REASONS[int(f)] for f in finish], rounds=rounds,
         drafted=int(m.drafted.sum()), accepted=int(m.accepted.sum()), emitted=int(m.emitted.sum()),
         steps=int(state.round),
-        accepted_at=m.accepted_at.sum(0).tolist(), **times)
+        accepted_at=m.accepted_at.sum(0).tolist(), verified_lengths=verified, **times)

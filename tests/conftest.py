@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import gc
 import os
-
 import types
 
 import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+  """Every XLA:CPU executable keeps its own memory mappings; the whole suite compiles thousands
+  (eager ops included) and ran past the kernel's map limit (vm.max_map_count, 65530), which
+  crashed XLA's compiler with a segfault. Drop them after each test module."""
+  yield
+  jax.clear_caches()
+  gc.collect()
 
 
 @pytest.fixture(scope="session")

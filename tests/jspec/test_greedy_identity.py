@@ -1,6 +1,6 @@
 """Greedy speculative decoding emits plain greedy decoding's tokens on the default model: 20 prompts
 x B in {1, 4} x D in {1, 3, 7} (EAGLE-3: {1, 3, 5}; the model-free suffix, lookahead and
-prediction drafters: D = 3) x every drafter.
+prediction drafters: D = 3; n-gram and EAGLE-3 also with the adaptive "auto") x every drafter.
 
 A (1+D)-token verify and a 1-token decode reduce in different orders, so where the plain path's
 own top-2 logit gap is below 1e-4 either token is correct: rows are compared up to the first such
@@ -48,8 +48,12 @@ DRAFTERS = {
     "suffix": lambda d: ({"method": "suffix", "num_speculative_tokens": d}, False),
     "lookahead": lambda d: ({"method": "lookahead", "num_speculative_tokens": d}, False),
     "prediction": lambda d: ({"method": "prediction", "num_speculative_tokens": d}, False),
+    # adaptive draft length: every round verifies one of 0, 1, 2, 3, 5, 7 drafts
+    "ngram_auto": lambda d: ({"method": "ngram", "num_speculative_tokens": d}, False),
+    "eagle3_auto": lambda d: ({"method": "eagle3", "num_speculative_tokens": d}, False),
 }
-DEPTHS = {"eagle3": (1, 3, 5), "suffix": (3,), "lookahead": (3,), "prediction": (3,)}
+DEPTHS = {"eagle3": (1, 3, 5), "suffix": (3,), "lookahead": (3,), "prediction": (3,),
+          "ngram_auto": ("auto",), "eagle3_auto": ("auto",)}
 CASES = [(name, d) for name in DRAFTERS for d in DEPTHS.get(name, (1, 3, 7))]
 _stats = {"rows": 0, "near_ties": 0}
 
@@ -82,7 +86,7 @@ def eagle3_head(smollm):
 @pytest.mark.parametrize("name, d", CASES)
 def test_greedy_identity(smollm, prompts, plain, eagle3_head, name, d, batch):
   cfg, self_draft = DRAFTERS[name](d)
-  draft = smollm.model if self_draft else (eagle3_head if name == "eagle3" else None)
+  draft = smollm.model if self_draft else (eagle3_head if name.startswith("eagle3") else None)
   sd = SpecDecoder(smollm.model, cfg, draft_model=draft)
   # predictions: the plain output with a gap and a wrong token (re-synchronisation), none for
   # every third row (n-gram fallback); suffix keeps its global cache across the calls

@@ -228,3 +228,86 @@ def test_greedy_fast_path_equals_general_verification():
       k = int(n1[r])
       assert np.asarray(t1[r, :k + 1]).tolist() == np.asarray(t2[r, :k + 1]).tolist()
   assert 0 < int(n2.sum()) < b * d        # both acceptance and rejection occurred
+
+
+# Adaptive draft length (jspec.adaptive): each round verifies lengths[k] of D_max = 3 drafts, k
+# chosen by the real `choose_length` from running estimates that the real `update_estimates` folds
+# each enumerated outcome into. The cost makes all three lengths occur along the enumeration.
+ADAPT_LENGTHS, ADAPT_COST, ADAPT_DECAY = (0, 1, 3), (1.0, 1.2, 1.4), 0.5
+
+
+def spec_joint_adaptive(params, deterministic):
+  from jspec.adaptive import choose_length, update_estimates
+  d = ADAPT_LENGTHS[-1]
+  choose = jax.jit(lambda est: choose_length(est, jnp.full((1,), d, jnp.int32), jnp.ones((1,), bool),
+                                             ADAPT_LENGTHS, jnp.asarray(ADAPT_COST)))
+  update = jax.jit(lambda est, w, n, emitted, draft: update_estimates(
+      est, w, n, emitted, draft, jnp.full(n.shape, d, jnp.int32), jnp.ones(n.shape, bool),
+      ADAPT_DECAY))
+  used = set()
+
+  @functools.lru_cache(maxsize=None)
+  def from_ctx(ctx, need, est):
+    w = ADAPT_LENGTHS[int(choose(jnp.asarray([est], jnp.float32)))]
+    used.add(w)
+    drafts = [((), 1.0)]
+    for _ in range(min(w + 1, d)):      # the verified drafts and the one after them (observed)
+      q = _dist(DRAFT, [ctx + s for s, _ in drafts], params)
+      nxt = []
+      for (s, wt), qrow in zip(drafts, q):
+        if deterministic:
+          nxt.append((s + (int(np.argmax(DRAFT[(ctx + s)[-2], (ctx + s)[-1]])),), wt))
+        else:
+          nxt += [(s + (x,), wt * qrow[x]) for x in range(V)]
+      drafts = [(s, wt) for s, wt in nxt if wt > 0]
+    seqs = [s for s, _ in drafts]
+    p = _dist(TARGET, [ctx + s[:i] for s in seqs for i in range(w + 1)], params)
+    p = jnp.asarray(p.reshape(len(seqs), w + 1, V), jnp.float32)
+    q = None
+    if not deterministic and w:
+      q = _dist(DRAFT, [ctx + s[:i] for s in seqs for i in range(w)], params)
+      q = jnp.asarray(q.reshape(len(seqs), w, V), jnp.float32)
+    verified = jnp.asarray([s[:w] for s in seqs], jnp.int32).reshape(len(seqs), w)
+    accept, final = _outcomes(p, verified, q, None)
+    accept, final = np.asarray(accept, np.float64), np.asarray(final, np.float64)
+    # every outcome (draft, k accepted, final token x) with its probability
+    rows = []
+    for (s, wt), a, f in zip(drafts, accept, final):
+      reach = wt
+      for k in range(w + 1):
+        stop = 1.0 - a[k] if k < w else 1.0
+        rows += [(s, k, x, reach * stop * f[k, x]) for x in range(V) if reach * stop * f[k, x] > 0]
+        if k < w:
+          reach *= a[k]
+    pad = lambda t, n: list(t) + [0] * (n - len(t))
+    new_est = np.asarray(update(
+        jnp.full((len(rows), d), jnp.asarray(est, jnp.float32)), jnp.int32(w),
+        jnp.asarray([k for _, k, _, _ in rows], jnp.int32),
+        jnp.asarray([pad(s[:k] + (x,), d + 1) for s, k, x, _ in rows], jnp.int32),
+        jnp.asarray([pad(s, d) for s, _, _, _ in rows], jnp.int32)))
+    out = {}
+    for (s, k, x, pr), e in zip(rows, new_est):
+      emitted = s[:k] + (x,)
+      if len(emitted) >= need:
+        out[emitted[:need]] = out.get(emitted[:need], 0.0) + pr
+      else:
+        for rest, pr2 in from_ctx(ctx + emitted, need - len(emitted),
+                                  tuple(float(v) for v in e)).items():
+          out[emitted + rest] = out.get(emitted + rest, 0.0) + pr * pr2
+    return out
+
+  return from_ctx(PROMPT, NEED, (0.5,) * d), used
+
+
+@pytest.mark.parametrize("name", list(PARAMS))
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_adaptive_draft_length_is_lossless(name, deterministic):
+  t, k, p = PARAMS[name]
+  params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))
+  want = target_joint(params)
+  got, used = spec_joint_adaptive(params, deterministic)
+  assert abs(sum(got.values()) - 1.0) < 1e-6
+  for seq, prob in want.items():
+    assert abs(got.get(seq, 0.0) - prob) < 1e-6, (seq, got.get(seq, 0.0), prob)
+  if name != "greedy":
+    assert used == set(ADAPT_LENGTHS), used    # the choice did change along the way

@@ -49,17 +49,20 @@ def exact_joint(model, t, k, p):
   return p1[:, None] * p2                                                   # [8, 8]
 
 
-def sample_pairs(decoder, **extra):
+def sample_pairs(decoder, before_chunk=None, **extra):
   n = PER_GROUP * len(GROUPS)
   t, k, p = (np.repeat([g[i] for g in GROUPS], PER_GROUP) for i in range(3))
-  out = []
+  out, results = [], []
   for start in range(0, n, CHUNK):
+    if before_chunk is not None:
+      before_chunk(start // CHUNK)
     sl = slice(start, start + CHUNK)
     res = decoder.generate([PROMPT] * CHUNK, max_new_tokens=2, temperature=t[sl], top_k=k[sl],
                            top_p=p[sl], seed=list(range(start, start + CHUNK)), eos=False,
                            **extra)
     out += res.token_ids
-  return np.asarray(out), res
+    results.append(res)
+  return np.asarray(out), results
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +76,12 @@ def eagle3_head():
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
-                                    "lookahead", "prediction"])
+                                    "lookahead", "prediction", "draft_model-auto"])
 def test_first_two_tokens_match_target_distribution(target, draft, eagle3_head, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
+  if method.endswith("-auto"):   # adaptive over draft lengths {0, 1, 2}
+    method = cfg["method"] = method.removesuffix("-auto")
+    cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])
   if method == "layer_skip":
     cfg["num_layers"] = 1
   if method == "suffix":     # a small global cache, refilled between chunks from their outputs
@@ -84,12 +90,24 @@ def test_first_two_tokens_match_target_distribution(target, draft, eagle3_head, 
     cfg.update(pool_size=16)
   drafts = {"draft_model": draft, "eagle3": eagle3_head}
   decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method))
+  before_chunk = None
+  if cfg["num_speculative_tokens"] == "auto":
+    # one round per row, chosen at the prior estimates (0.5): cost tables that make successive
+    # chunks verify 2, 1 and 0 drafts
+    from jspec.adaptive import CostTable
+    tables = [{1: 1.0, 2: 1.1, 3: 1.2}, {1: 1.0, 2: 1.1, 3: 10.0}, {1: 1.0, 2: 5.0, 3: 10.0}]
+    inner = decoder.drafter_params.inner
+
+    def before_chunk(i):
+      decoder.drafter_params = decoder.drafter.make_params(inner, CostTable({1: tables[i % 3]}))
   # predictions: a few per row, cycling (rows whose first token differs re-synchronise or fall back)
   extra = dict(prediction=[[(3 + i) % 8, (5 * i) % 8, 1] for i in range(CHUNK)]) \
       if method == "prediction" else {}
-  pairs, last = sample_pairs(decoder, **extra)
+  pairs, results = sample_pairs(decoder, before_chunk, **extra)
   assert pairs.shape == (PER_GROUP * len(GROUPS), 2)
-  assert last.rounds > 0
+  assert results[-1].rounds > 0
+  if before_chunk is not None:
+    assert [max(r.verified_lengths, key=r.verified_lengths.get) for r in results] == [2, 1, 0, 2, 1]
   for g, (t, k, p) in enumerate(GROUPS):
     want = exact_joint(target, t, k, p).ravel()
     got = pairs[g * PER_GROUP:(g + 1) * PER_GROUP]

@@ -1,0 +1,251 @@
+"""Adaptive draft length inside the one jitted round (`num_speculative_tokens: "auto"`).
+
+`AdaptiveDrafter` wraps any chain drafter built for D_max = max(lengths). Every round it drafts D_max
+tokens, then picks a verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5,
+7; 0 is a plain decode step) with `lax.switch`, so nothing recompiles when the choice changes:
+
+  AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
+  k*        = argmax_k  mean_b(AL_b(D_k)) / cost_k                 (live rows b)
+
+a_bj is row b's running estimate of the probability that draft position j is accepted once the
+positions before it were: an exponentially weighted average of what *earlier* rounds observed
+(accepted positions count 1, the first rejected one 0; when a whole block is accepted, the bonus
+token equal to the next draft token counts as that position's outcome, which is how a width-1 round
+keeps learning a_1). cost_k = (T_verif(B, 1+D_k) + T_draft(B, D_max)) / T_verif(B, 1) comes from a
+`CostTable` (measured by `jspec plan`, or the built-in defaults below). The choice depends on the
+committed context and earlier rounds only, never on this round's verification, so each round is an
+ordinary rejection-sampling round over a chain of D_k drafts: lossless for every choice.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DEFAULT_LENGTHS = (0, 1, 2, 3, 5, 7)
+
+# Verify cost T_verif(B, T) / T_verif(B, 1) of the default model, measured on the project's CPUs
+# (benchmarks/REPORT.md, "Cheap multi-token verification on CPU", cpu_gemm) and on an H200 (bf16,
+# benchmarks/gpu/verify_cost_h200.json, launch-bound: about flat). Used only when no measured table
+# (`jspec plan`) is given; run the planner on your own hardware.
+DEFAULT_VERIFY_COST = {
+    "cpu": {1: {1: 1.0, 2: 1.02, 3: 1.08, 4: 1.23, 6: 1.35, 8: 1.40, 16: 1.88},
+            4: {1: 1.0, 2: 1.14, 3: 1.28, 4: 1.40, 6: 1.62, 8: 1.84, 16: 2.82}},
+    "gpu": {1: {1: 1.0, 8: 1.05, 16: 1.10}},
+}
+
+
+def _interp(points: dict[int, float], x: float) -> float:
+  """Piecewise-linear through the points, extended linearly past the last two."""
+  xs = sorted(points)
+  if len(xs) == 1:
+    return points[xs[0]]
+  i = min(max(bisect.bisect_left(xs, x), 1), len(xs) - 1)
+  x0, x1 = xs[i - 1], xs[i]
+  y0, y1 = points[x0], points[x1]
+  return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """Per batch size: verify cost {T: T_verif(B, T) / T_verif(B, 1)} and draft cost
+  {D: T_draft(B, D) / T_verif(B, 1)} (missing draft entries cost 0: model-free drafters)."""
+  verify: dict[int, dict[int, float]]
+  draft: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
+  source: str = ""
+
+  def __post_init__(self):
+    if not self.verify or any(not v for v in self.verify.values()):
+      raise ValueError("a cost table needs at least one batch size with verify costs")
+    for b, row in self.verify.items():
+      for t, c in row.items():
+        if not (int(b) >= 1 and int(t) >= 1 and float(c) > 0):
+          raise ValueError(f"bad verify cost entry B={b}, T={t}: {c} (need B, T >= 1, cost > 0)")
+
+  @staticmethod
+  def _row(table: dict, b: int) -> dict | None:
+    if not table:
+      return None
+    keys = sorted(table)
+    below = [k for k in keys if k <= b]
+    return table[below[-1] if below else keys[0]]
+
+  def verify_cost(self, b: int, t: int) -> float:
+    return _interp(self._row(self.verify, b), t)
+
+  def draft_cost(self, b: int, d: int) -> float:
+    row = self._row(self.draft, b)
+    return 0.0 if row is None or d == 0 else max(_interp(row, d), 0.0)
+
+  def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int) -> list[float]:
+    """cost_k of a round that drafts d_max tokens and verifies 1 + lengths[k], in T_verif(B, 1)."""
+    draft = self.draft_cost(b, d_max)
+    return [self.verify_cost(b, 1 + d) + draft for d in lengths]
+
+  @classmethod
+  def default(cls, backend: str | None = None) -> "CostTable":
+    backend = backend or jax.default_backend()
+    table = DEFAULT_VERIFY_COST.get(backend, DEFAULT_VERIFY_COST["gpu"])
+    return cls(verify=table, source=f"built-in defaults for {backend}")
+
+  def to_dict(self) -> dict:
+    return dict(verify={str(b): {str(t): c for t, c in r.items()} for b, r in self.verify.items()},
+                draft={str(b): {str(d): c for d, c in r.items()} for b, r in self.draft.items()},
+                source=self.source)
+
+  @classmethod
+  def from_dict(cls, d: dict) -> "CostTable":
+    try:
+      conv = lambda t: {int(b): {int(k): float(v) for k, v in r.items()} for b, r in t.items()}
+      return cls(verify=conv(d["verify"]), draft=conv(d.get("draft", {})),
+                 source=d.get("source", ""))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+      raise ValueError(f"not a cost table ({e}); expected {{'verify': {{B: {{T: cost}}}}, "
+                       "'draft': {B: {D: cost}}}, as `jspec plan` writes") from None
+
+  @classmethod
+  def load(cls, path: str | Path) -> "CostTable":
+    try:
+      data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+      raise ValueError(f"cannot read the cost table {path}: {e}") from None
+    return cls.from_dict(data.get("cost_table", data))
+
+
+def validate_lengths(lengths, d_max: int | None = None) -> tuple[int, ...]:
+  ok = isinstance(lengths, (list, tuple)) and len(lengths) >= 2 and all(
+      isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in lengths)
+  if not ok or len(set(lengths)) != len(lengths):
+    raise ValueError(f"draft_lengths must be at least two distinct integers >= 0 (0 = a plain "
+                     f"step), got {lengths!r}")
+  out = tuple(sorted(lengths))
+  if out[-1] < 1:
+    raise ValueError(f"draft_lengths needs a length >= 1, got {lengths!r}")
+  if d_max is not None and out[-1] != d_max:
+    raise ValueError(f"the largest of draft_lengths {list(out)} must equal num_speculative_tokens "
+                     f"({d_max}); or pass num_speculative_tokens='auto'")
+  return out
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AdaptiveParams:
+  inner: Any
+  cost: jax.Array          # [len(batch_sizes), len(lengths)] round cost per compiled length
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AdaptiveState:
+  inner: Any
+  est: jax.Array           # [B, D_max] per-row conditional acceptance estimates
+  chosen: jax.Array        # [len(lengths)] rounds that verified each length
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveDrafter:
+  inner: Any
+  lengths: tuple[int, ...] = DEFAULT_LENGTHS
+  batch_sizes: tuple[int, ...] = (1,)   # the rows of params.cost
+  decay: float = 0.25                   # weight of a new observation in the running estimate
+  prior: float = 0.5                    # the estimate before anything was observed
+
+  @property
+  def num_draft(self) -> int:
+    return self.inner.num_draft
+
+  @property
+  def target_taps(self) -> tuple[int, ...]:
+    return self.inner.target_taps
+
+  @property
+  def num_extra(self) -> int:
+    return getattr(self.inner, "num_extra", 0)
+
+  @property
+  def make_request(self):
+    return getattr(self.inner, "make_request", None)
+
+  @property
+  def after_generate(self):
+    hook = getattr(self.inner, "after_generate", None)
+    if hook is None:
+      return None
+    return lambda params, prompts, outputs: dataclasses.replace(
+        params, inner=hook(params.inner, prompts, outputs))
+
+  def make_params(self, inner_params, costs: CostTable) -> AdaptiveParams:
+    rows = [costs.round_costs(b, self.lengths, self.num_draft) for b in self.batch_sizes]
+    return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)))
+
+  def _cost_row(self, b: int) -> int:
+    below = [i for i, s in enumerate(self.batch_sizes) if s <= b]
+    return below[-1] if below else 0
+
+  def init_state(self, params: AdaptiveParams, prompt, ctx, max_len: int) -> AdaptiveState:
+    b = prompt.shape[0]
+    return AdaptiveState(self.inner.init_state(params.inner, prompt, ctx, max_len),
+                         jnp.full((b, self.num_draft), self.prior, jnp.float32),
+                         jnp.zeros((len(self.lengths),), jnp.int32))
+
+  def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key):
+    draft, inner = self.inner.propose(params.inner, state.inner, ctx, key)
+    return draft, dataclasses.replace(state, inner=inner)
+
+  def commit(self, params: AdaptiveParams, state: AdaptiveState, ctx) -> AdaptiveState:
+    return dataclasses.replace(state, inner=self.inner.commit(params.inner, state.inner, ctx))
+
+  def choose(self, params: AdaptiveParams, state: AdaptiveState, draft_len: jax.Array,
+             live: jax.Array) -> jax.Array:
+    """The index into `lengths` this round verifies (from earlier rounds and this draft only)."""
+    b, d = state.est.shape
+    cost = params.cost[self._cost_row(b)]
+    return choose_length(state.est, draft_len, live, self.lengths, cost)
+
+  def observe(self, state: AdaptiveState, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
+              draft_tokens: jax.Array, draft_len: jax.Array, live: jax.Array) -> AdaptiveState:
+    """Folds this round's outcomes into the estimates (after the choice was made)."""
+    width = jnp.asarray(self.lengths, jnp.int32)[k]
+    est = update_estimates(state.est, width, n_acc, emitted, draft_tokens, draft_len, live,
+                           self.decay)
+    return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1))
+
+
+def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, ...]) -> jax.Array:
+  """[B, len(lengths)]: AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} est_bj."""
+  b, d = est.shape
+  proposed = jnp.arange(d)[None, :] < draft_len[:, None]
+  reach = jnp.cumprod(est, axis=1) * proposed                     # P(the first i+1 accepted)
+  csum = jnp.concatenate([jnp.zeros((b, 1), est.dtype), jnp.cumsum(reach, axis=1)], axis=1)
+  return 1.0 + csum[:, jnp.asarray(lengths)]
+
+
+def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost) -> jax.Array:
+  al = expected_lengths(est, draft_len, lengths)                  # [B, K]
+  w = live.astype(est.dtype)[:, None]
+  mean_al = jnp.sum(al * w, axis=0) / jnp.maximum(jnp.sum(w), 1.0)
+  return jnp.argmax(mean_al / cost).astype(jnp.int32)            # ties: the shorter length
+
+
+def update_estimates(est, width, n_acc, emitted, draft_tokens, draft_len, live, decay: float):
+  """est [B, D]; width: the drafts verified this round; n_acc [B] accepted of them; emitted
+  [B, D+1] the round's tokens (accepted drafts, then the correction or bonus)."""
+  b, d = est.shape
+  i = jnp.arange(d)[None, :]
+  n = n_acc[:, None]
+  proposed = i < draft_len[:, None]
+  accepted = i < n
+  rejected = (i == n) & (i < width) & proposed
+  bonus = jnp.take_along_axis(emitted, jnp.full((b, 1), width, jnp.int32), axis=1)   # [B, 1]
+  frontier = (i == width) & (n == width) & proposed
+  value = jnp.where(accepted, 1.0, jnp.where(frontier, (bonus == draft_tokens).astype(est.dtype),
+                                             0.0))
+  seen = (accepted | rejected | frontier) & live[:, None]
+  return jnp.where(seen, est + decay * (value - est), est)

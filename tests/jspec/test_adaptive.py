@@ -1,0 +1,150 @@
+"""Adaptive draft length (jspec/adaptive.py): the cost table and the choice against hand-computed
+cases, the estimate update, non-anticipation through the real round, identity with plain decoding,
+no recompilation across length switches, and configuration errors. Losslessness is in
+test_lossless_exact.py (exact enumeration through choose/update) and test_lossless_montecarlo.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles, engine
+from jspec.adaptive import (AdaptiveDrafter, CostTable, choose_length, expected_lengths,
+                            update_estimates)
+from models import Llama, LlamaConfig
+
+CFG = LlamaConfig.tiny()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  return Llama(CFG, rngs=nnx.Rngs(5))
+
+
+def test_cost_table_interpolates_and_adds_the_draft():
+  t = CostTable(verify={1: {1: 1.0, 2: 1.2, 4: 1.8}, 8: {1: 1.0, 2: 2.0}},
+                draft={1: {1: 0.1, 3: 0.3}})
+  assert t.verify_cost(1, 3) == pytest.approx(1.5)        # halfway between T=2 and T=4
+  assert t.verify_cost(1, 6) == pytest.approx(2.4)        # extended along the last segment
+  assert t.verify_cost(4, 2) == pytest.approx(1.2)        # B=4 uses the largest B <= 4
+  assert t.verify_cost(16, 3) == pytest.approx(3.0)
+  assert t.draft_cost(1, 2) == pytest.approx(0.2) and t.draft_cost(8, 3) == pytest.approx(0.3)
+  assert t.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.3, 1.5, 2.1])
+  assert CostTable.from_dict(t.to_dict()) == t
+  with pytest.raises(ValueError, match="not a cost table"):
+    CostTable.from_dict({"verify": 3})
+
+
+def test_expected_lengths_and_choice_by_hand():
+  est = jnp.asarray([[0.8, 0.5, 0.5], [0.2, 0.9, 0.9]], jnp.float32)
+  al = np.asarray(expected_lengths(est, jnp.asarray([3, 1]), (0, 1, 3)))
+  # row 0: 1, 1 + .8, 1 + .8 + .4 + .2; row 1 proposes one draft only: 1, 1.2, 1.2
+  np.testing.assert_allclose(al, [[1, 1.8, 2.4], [1, 1.2, 1.2]], rtol=1e-6)
+  live = jnp.asarray([True, True])
+  # mean AL = 1, 1.5, 1.8 -> per unit cost 1, 1.25, 1.2 at costs 1, 1.2, 1.5
+  assert int(choose_length(est, jnp.asarray([3, 1]), live, (0, 1, 3),
+                           jnp.asarray([1.0, 1.2, 1.5]))) == 1
+  assert int(choose_length(est, jnp.asarray([3, 1]), live, (0, 1, 3),
+                           jnp.asarray([1.0, 1.2, 1.4]))) == 2      # 1.8 / 1.4 = 1.29 wins
+  # a finished row does not count: row 0 alone, 2.4 / 1.5 = 1.6
+  assert int(choose_length(est, jnp.asarray([3, 1]), jnp.asarray([True, False]), (0, 1, 3),
+                           jnp.asarray([1.0, 1.2, 1.5]))) == 2
+  # nothing proposed: every length has AL 1, the cheapest (the plain step) wins
+  assert int(choose_length(est, jnp.asarray([0, 0]), live, (0, 1, 3),
+                           jnp.asarray([1.0, 1.02, 1.1]))) == 0
+
+
+def test_update_counts_accepted_rejected_and_the_frontier():
+  est = jnp.full((4, 4), 0.5, jnp.float32)
+  draft = jnp.asarray([[1, 2, 3, 4]] * 4, jnp.int32)
+  # width 2; row 0 accepts 1 (rejects position 1); row 1 accepts both and its bonus equals draft 2
+  # (the frontier, observed 1); row 2 accepts both, bonus differs (0); row 3 is finished
+  emitted = jnp.asarray([[1, 9, 0, 0, 0], [1, 2, 3, 0, 0], [1, 2, 7, 0, 0], [1, 2, 3, 0, 0]])
+  new = np.asarray(update_estimates(est, jnp.int32(2), jnp.asarray([1, 2, 2, 2]), emitted, draft,
+                                    jnp.asarray([4, 4, 4, 4]), jnp.asarray([1, 1, 1, 0], bool),
+                                    0.5))
+  np.testing.assert_allclose(new, [[.75, .25, .5, .5], [.75, .75, .75, .5], [.75, .75, .25, .5],
+                                   [.5, .5, .5, .5]])
+  # a row that proposed only one draft: no frontier past its proposals
+  new = np.asarray(update_estimates(est[:1], jnp.int32(1), jnp.asarray([1]), emitted[1:2], draft[:1],
+                                    jnp.asarray([1]), jnp.asarray([True]), 0.5))
+  np.testing.assert_allclose(new, [[.75, .5, .5, .5]])
+
+
+def _prompts(seed, lengths, repeat=1):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, CFG.vocab_size, n).tolist() * repeat for n in lengths]
+
+
+def test_choice_depends_on_earlier_rounds_only(tiny):
+  """Drive rounds by hand: the length each round verifies is choose() of the estimates left by the
+  rounds before it and of this round's draft (computed here, before the round runs)."""
+  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": "auto",
+                          "draft_lengths": [0, 1, 2, 4]},
+                   cost_table=CostTable({1: {1: 1.0, 2: 1.05, 5: 1.3}}))
+  prompts = _prompts(3, [6, 5], repeat=3) + _prompts(4, [9])
+  state, sampling = sd.prefill(prompts, max_new_tokens=40, eos=False)
+
+  @jax.jit
+  def expected(state):
+    draft, _ = sd.drafter.inner.propose(None, state.drafter_state.inner, state.context(sampling),
+                                        None)
+    return sd.drafter.choose(sd.drafter_params, state.drafter_state, draft.length, ~state.done)
+
+  seen = set()
+  while not bool(np.all(np.asarray(state.done))):
+    want = int(expected(state))
+    before = np.asarray(state.drafter_state.chosen)
+    state = engine.spec_round(sd.graphdef, sd.weights, sd.drafter, sd.drafter_params, state,
+                              sampling, eos_ids=())
+    got = np.flatnonzero(np.asarray(state.drafter_state.chosen) - before)
+    assert got.tolist() == [want]
+    seen.add(want)
+  assert len(seen) >= 2
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "lookahead"])
+def test_adaptive_matches_plain_greedy_without_recompiling(tiny, method):
+  kw = dict(draft_model=tiny) if method == "draft_model" else {}
+  sd = SpecDecoder(tiny, {"method": method, "num_speculative_tokens": "auto"}, **kw)
+  plain = Decoder(tiny)
+  prompts = _prompts(0, [8, 10], repeat=3) + _prompts(1, [7])
+  out = sd.generate(prompts, max_new_tokens=40, eos=False, pad_to=32)
+  assert out.token_ids == plain.generate(prompts, max_new_tokens=40, eos=False).token_ids
+  assert sum(out.verified_lengths.values()) == out.steps
+  other = _prompts(2, [5, 12]) + _prompts(6, [4], repeat=4)
+  with count_compiles() as c:
+    again = sd.generate(other, max_new_tokens=40, eos=False, temperature=0.9, pad_to=32)
+  assert c.count == 0
+  used = {n for o in (out, again) for n, c in o.verified_lengths.items() if c}
+  assert len(used) >= 2, (out.verified_lengths, again.verified_lengths)
+
+
+def test_config_errors():
+  cfg = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": "auto"})
+  assert cfg.adaptive and cfg.max_draft == 7 and cfg.draft_lengths == (0, 1, 2, 3, 5, 7)
+  assert SpeculativeConfig.from_dict(cfg.to_dict()) == cfg
+  cfg = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 4,
+                                     "draft_lengths": [4, 0, 2]})
+  assert cfg.draft_lengths == (0, 2, 4) and cfg.max_draft == 4
+  for bad, match in [("fast", "or 'auto'"), (0, "or 'auto'")]:
+    with pytest.raises(ValueError, match=match):
+      SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": bad})
+  for lengths, match in [([3], "at least two"), ([1, 1], "at least two"), ([0, -1], ">= 0"),
+                         ([0, 2], "must equal num_speculative_tokens")]:
+    with pytest.raises(ValueError, match=match):
+      SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 3,
+                                   "draft_lengths": lengths})
+  with pytest.raises(ValueError, match="cannot read the cost table"):
+    SpecDecoder(Llama(CFG, rngs=nnx.Rngs(0)), cfg, cost_table="/nonexistent/plan.json")
+
+
+def test_wrapper_passes_the_drafters_hooks_through():
+  from jspec.drafters.prediction import PredictionDrafter
+  from jspec.drafters.suffix import SuffixDrafter
+  assert AdaptiveDrafter(PredictionDrafter(3, 1, 3)).make_request is not None
+  assert AdaptiveDrafter(SuffixDrafter(3)).after_generate is not None
+  from jspec.drafters.ngram import NgramDrafter
+  w = AdaptiveDrafter(NgramDrafter(3))
+  assert w.make_request is None and w.after_generate is None and w.num_extra == 0
