@@ -111,12 +111,16 @@ class CostTable:
                        "'draft': {B: {D: cost}}}, as `jspec plan` writes") from None
 
   @classmethod
-  def load(cls, path: str | Path) -> "CostTable":
+  def load(cls, path: str | Path, method: str | None = None) -> "CostTable":
+    """A cost table JSON, or a `jspec plan` report (its table for `method` when it has one)."""
     try:
       data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
       raise ValueError(f"cannot read the cost table {path}: {e}") from None
-    return cls.from_dict(data.get("cost_table", data))
+    if not isinstance(data, dict):
+      raise ValueError(f"{path} is not a cost table or a jspec plan report")
+    per_method = data.get("cost_tables", {})
+    return cls.from_dict(per_method.get(method) or data.get("cost_table", data))
 
 
 def validate_lengths(lengths, d_max: int | None = None) -> tuple[int, ...]:

@@ -116,9 +116,14 @@ def cmd_generate(args) -> None:
   prediction = _read_prediction(args)
   if prediction is not None:
     args.drafter = "prediction"     # --prediction alone turns predicted outputs on
+  if args.plan and args.drafter == "none":   # the plan's choice for one prompt
+    drafter, d = _plan_choice(args, 1)
+    if d > 0:
+      args.drafter, args.num_draft = drafter.replace("_", "-"), str(d)
   try:   # validate everything cheap before loading a model
     SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
-    spec = _spec_config(args.drafter, args.num_draft, args) if args.drafter != "none" else None
+    num_draft, = _draft_lengths(args.num_draft)
+    spec = _spec_config(args.drafter, num_draft, args) if args.drafter != "none" else None
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   loaded = _load(args.model)
@@ -142,7 +147,7 @@ def cmd_generate(args) -> None:
       draft = _load(spec.options.draft_model).model if spec.method == "draft_model" else None
       spec_kw = {} if spec.method != "prediction" else dict(prediction=[prediction])
       out = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids,
-                        tokenizer=tok).generate([ids], **kw, **spec_kw)
+                        tokenizer=tok, cost_table=args.plan).generate([ids], **kw, **spec_kw)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   new = out.token_ids[0]
@@ -153,6 +158,7 @@ def cmd_generate(args) -> None:
                 prefill_s=out.prefill_s, decode_s=out.decode_s, compile_s=out.compile_s)
   if spec is not None:
     record.update(num_draft=spec.num_speculative_tokens,
+                  verified_lengths=out.verified_lengths or None,
                   acceptance_length=out.acceptance_length,
                   per_position_acceptance=out.per_position_acceptance,
                   baseline_tokens_per_s=base.tokens_per_s,
@@ -210,6 +216,22 @@ def cmd_bench_decode(args) -> None:
     sys.exit(f"jspec: the report was not saved to {args.json}; it is printed above")
 
 
+def _draft_lengths(text: str, flag: str = "--num-draft") -> tuple:
+  """Comma-separated draft lengths: integers >= 1 or 'auto' (adaptive)."""
+  values = []
+  for x in str(text).split(","):
+    if x.strip() == "auto":
+      values.append("auto")
+      continue
+    try:
+      values.append(int(x))
+    except ValueError:
+      sys.exit(f"jspec: {flag} takes comma-separated integers or 'auto', got {text!r}")
+    if values[-1] < 1:
+      sys.exit(f"jspec: {flag} values must be >= 1 or 'auto', got {text!r}")
+  return tuple(values)
+
+
 def _ints(text: str, flag: str) -> tuple[int, ...]:
   try:
     values = tuple(int(x) for x in text.split(","))
@@ -224,7 +246,7 @@ def cmd_bench(args) -> None:
   from jspec.bench import speedup, suite
   from jspec.sampling import SamplingParams
 
-  num_draft = _ints(args.num_draft, "--num-draft")
+  num_draft = _draft_lengths(args.num_draft)
   batch_sizes = _ints(args.batch_size, "--batch-size")
   _at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
   drafters = tuple(d for d in args.drafters.split(",") if d)
@@ -246,7 +268,7 @@ def cmd_bench(args) -> None:
       loaded, prompts, drafters=drafters, num_draft=num_draft, batch_sizes=batch_sizes,
       temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
       ignore_eos=args.ignore_eos, drafter_options=options, seed=args.seed,
-      progress=not args.no_progress)
+      progress=not args.no_progress, cost_table=args.plan)
   report["command"] = "jspec bench " + " ".join(args.argv)
   text = json.dumps(report, indent=2)
   failed = []
@@ -265,6 +287,74 @@ def cmd_bench(args) -> None:
   print(speedup.markdown(report))
   if failed:
     sys.exit("jspec: " + "; ".join(failed))
+
+
+def cmd_plan(args) -> None:
+  from jspec.bench import suite
+  from jspec.plan import measure, plot
+
+  batch_sizes = _ints(args.batch_sizes, "--batch-sizes")
+  lengths = _ints(args.num_draft, "--num-draft")
+  _at_least_1(args, "--max-new-tokens", "--repeats", "--calibration-prompts", "--context")
+  drafters = tuple(d for d in args.drafters.split(",") if d)
+  try:
+    if not drafters:
+      raise ValueError("--drafters is empty; name at least one drafter")
+    prompts = suite.load(args.calibration)[:args.calibration_prompts]
+    options = {}
+    for d in drafters:
+      o = _spec_config(d, max(lengths), args).to_dict()
+      options[d] = {k: v for k, v in o.items() if k not in ("method", "num_speculative_tokens")}
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  _check_outputs(args, [args.json, args.plot])
+  loaded = _load(args.model)
+  _check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
+  tok = loaded.tokenizer
+  ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
+  report = measure.run(loaded, drafters, batch_sizes=batch_sizes, lengths=lengths, prompts=ids,
+                       max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                       context=args.context, drafter_options=options,
+                       log=lambda m: print(m, file=sys.stderr, flush=True))
+  report["command"] = "jspec plan " + " ".join(args.argv)
+  failed = []
+  if not _save_text(args, args.json, json.dumps(report, indent=2)):
+    failed.append("the plan was not saved")
+  if args.plot:
+    try:
+      plot.pareto(report, args.plot)
+      args.saved.append(os.path.abspath(args.plot))
+    except OSError as e:
+      failed.append(f"the plot was not written ({e.strerror or e})")
+  print(_plan_text(report))
+  if failed:
+    sys.exit("jspec: " + "; ".join(failed))
+
+
+def _plan_text(report: dict) -> str:
+  lines = ["| B | best | predicted | runner-up | predicted |", "|---|---|---|---|---|"]
+  name = lambda r: "plain" if r["num_draft"] == 0 else f"{r['drafter']} D={r['num_draft']}"
+  for b, rows in report["ranking"].items():
+    top = rows[:2] + [None] * (2 - len(rows[:2]))
+    cells = [f"{name(r)} | {r['speedup']:.2f}x" if r else "— | —" for r in top]
+    lines.append(f"| {b} | " + " | ".join(cells) + " |")
+  lines.append("")
+  for g in report["guidelines"]:
+    verdict = {True: "holds", False: "does not hold", None: "not testable here"}[g["holds"]]
+    lines.append(f"- {g['name']}: {verdict}. {g['hint']}. Measured: {g['evidence']}")
+  return "\n".join(lines)
+
+
+def _plan_choice(args, batch_size: int):
+  """--plan FILE: (drafter, D) from the plan's schedule at this batch size; D = 0 is plain."""
+  from jspec.plan import pick
+  try:
+    with open(args.plan, encoding="utf-8") as f:
+      report = json.load(f)
+    return pick(report["schedule"], batch_size)
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    sys.exit(f"jspec: --plan {args.plan} is not a jspec plan report ({e}); write one with "
+             "`jspec plan --json FILE`")
 
 
 def main(argv=None) -> None:
@@ -315,10 +405,15 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--json", action="store_true", help="print one JSON object")
   g.add_argument("--drafter", default="none", choices=["none"] + _drafter_names(),
                  help="speculative drafter; with one, plain decoding also runs for the speedup")
-  g.add_argument("--num-draft", type=int, default=3, help="draft tokens per round (D)")
+  g.add_argument("--num-draft", default="auto",
+                 help="draft tokens per round (D), or 'auto': each round verifies 0-7 drafts, "
+                 "chosen from the acceptance so far and the verify cost (default)")
   g.add_argument("--prediction", default=None, metavar="FILE",
                  help="text file with the expected output (e.g. the code being edited): "
                  "speculate from it (predicted outputs; implies --drafter prediction)")
+  g.add_argument("--plan", default=None, metavar="FILE",
+                 help="a `jspec plan` report: its drafter and D for one prompt (unless --drafter "
+                 "is given) and its measured cost table for the 'auto' draft length")
   _add_drafter_flags(g)
   g.set_defaults(func=cmd_generate)
 
@@ -339,7 +434,8 @@ def _parse(argv) -> argparse.Namespace:
   s.add_argument("--drafters", default="ngram,layer-skip",
                  help="comma-separated, of: " + ", ".join(_drafter_names()) +
                  " (draft-model defaults to the target as its own draft)")
-  s.add_argument("--num-draft", default="1,3,7")
+  s.add_argument("--num-draft", default="1,3,7",
+                 help="comma-separated D values; 'auto' for the adaptive draft length")
   s.add_argument("--batch-size", default="1,4")
   s.add_argument("--temperature", type=float, default=0.0)
   s.add_argument("--max-new-tokens", type=int, default=128)
@@ -349,8 +445,28 @@ def _parse(argv) -> argparse.Namespace:
   s.add_argument("--seed", type=int, default=0)
   s.add_argument("--json", default=None, help="write the report to this file")
   s.add_argument("--plot", default=None, help="write PNG plots into this folder")
+  s.add_argument("--plan", default=None, metavar="FILE",
+                 help="a `jspec plan` report: its measured cost tables for 'auto' draft lengths")
   s.add_argument("--no-progress", action="store_true")
   s.set_defaults(func=cmd_bench)
+
+  pl = sub.add_parser("plan", help="measure verify/draft costs and acceptance on this device; "
+                      "pick the drafter and D per batch size")
+  pl.add_argument("--model", default=DEFAULT_MODEL)
+  pl.add_argument("--drafters", default="ngram,eagle3",
+                  help="comma-separated, of: " + ", ".join(_drafter_names()))
+  pl.add_argument("--batch-sizes", default="1,4")
+  pl.add_argument("--num-draft", default="1,2,3,5,7", help="draft lengths to plan over")
+  pl.add_argument("--calibration", default="benchmarks/prompts/train.jsonl",
+                  help="prompts for the acceptance measurement (never the benchmark suite)")
+  pl.add_argument("--calibration-prompts", type=int, default=16)
+  pl.add_argument("--max-new-tokens", type=int, default=64)
+  pl.add_argument("--context", type=int, default=256, help="cache fill for the verify timing")
+  pl.add_argument("--repeats", type=int, default=7, help="timing rounds")
+  pl.add_argument("--json", required=True, help="write the plan here")
+  pl.add_argument("--plot", default=None, help="write the Pareto plot (PNG) here")
+  _add_drafter_flags(pl)
+  pl.set_defaults(func=cmd_plan)
 
   from jspec.train.cli import add_parser as add_train_parser
   add_train_parser(sub, DEFAULT_MODEL)

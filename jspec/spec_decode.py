@@ -75,7 +75,7 @@ class SpecDecoder:
     self.config = target.config
     self.graphdef, self.weights = nnx.split(target)
     if cost_table is not None and not isinstance(cost_table, CostTable):
-      cost_table = CostTable.load(cost_table)
+      cost_table = CostTable.load(cost_table, self.spec.method)
     self.drafter, self.drafter_params = build_drafter(self.spec, target, draft_model, cost_table)
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
     self.tokenizer = tokenizer

@@ -79,6 +79,9 @@ class CharTokenizer:
   def encode(self, text):
     return [1 + ord(ch) % (self.vocab_size - 1) for ch in text]
 
+  def decode(self, ids, skip_special_tokens=True):
+    return "".join(chr(97 + i % 26) for i in ids)
+
 
 @pytest.fixture(scope="session")
 def tiny_loaded_factory():

@@ -168,7 +168,7 @@ def main(argv=None) -> None:
   args = parser.parse_args(argv)
   args.outputs, args.saved = [], []
   from models.registry import DEFAULT_MODEL
-  num_draft = cli._ints(args.num_draft, "--num-draft")
+  num_draft = cli._draft_lengths(args.num_draft)
   batch_sizes = cli._ints(args.batch_size, "--batch-size")
   cli._at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
   drafters = tuple(d for d in args.drafters.split(",") if d)

@@ -16,7 +16,7 @@ def _series(results, key, where):
   """{label: sorted [(D, record)]} of records matching `where`, grouped by `key`."""
   out = defaultdict(list)
   for r in results:
-    if where(r):
+    if where(r) and isinstance(r["num_draft"], int):    # 'auto' has no place on a D axis
       out[key(r)].append((r["num_draft"], r))
   return {k: sorted(v, key=lambda t: t[0]) for k, v in sorted(out.items())}
 
@@ -70,7 +70,10 @@ def save_all(report: dict, folder: str) -> list[str]:
   drafters = sorted({r["drafter"] for r in res})
   fig, axes = plt.subplots(1, len(drafters), figsize=(5 * len(drafters), 4), squeeze=False)
   for ax, drafter in zip(axes[0], drafters):
-    mine = [r for r in res if r["drafter"] == drafter and r["batch_size"] == sizes[0]]
+    mine = [r for r in res if r["drafter"] == drafter and r["batch_size"] == sizes[0]
+            and isinstance(r["num_draft"], int)]
+    if not mine:
+      continue
     d = max(r["num_draft"] for r in mine)
     for r in mine:
       if r["num_draft"] == d:
@@ -84,10 +87,11 @@ def save_all(report: dict, folder: str) -> list[str]:
 
   fig, ax = plt.subplots(figsize=(5, 4.5))
   for drafter in drafters:
-    pts = [r for r in res if r["drafter"] == drafter and r["category"] != "all"]
+    pts = [r for r in res if r["drafter"] == drafter and r["category"] != "all"
+           and r["predicted_speedup"] is not None]
     ax.scatter([r["predicted_speedup"] for r in pts], [r["speedup"] for r in pts], s=12,
                label=drafter)
-  lim = [0, max(1.2, max(max(r["predicted_speedup"], r["speedup"]) for r in res) * 1.05)]
+  lim = [0, max(1.2, max(max(r["predicted_speedup"] or 0, r["speedup"]) for r in res) * 1.05)]
   ax.plot(lim, lim, color="gray", lw=0.8, ls="--")
   ax.set(xlim=lim, ylim=lim, xlabel="predicted AL·T(1) / (T(1+D) + T_draft)",
          ylabel="measured speedup (median)", title="Cost model vs measurement\n(per category, D, B)")

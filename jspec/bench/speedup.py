@@ -26,7 +26,7 @@ SCHEMA = "jspec.bench/1"
 # name -> (type, meaning). The JSON's stable contract; tests check every record against it.
 RECORD_FIELDS = {
     "drafter": (str, "a registered method's CLI name: ngram | layer-skip | suffix | ..."),
-    "num_draft": (int, "D, draft tokens per round"),
+    "num_draft": ((int, str), "D, draft tokens per round, or 'auto' (adaptive, D_max = 7)"),
     "batch_size": (int, "rows per batch"),
     "temperature": (float, "sampling temperature (0 = greedy)"),
     "category": (str, "prompt category, or 'all'"),
@@ -47,7 +47,10 @@ RECORD_FIELDS = {
     "t1_ms": (float, "plain decode step (decode time / steps)"),
     "verify_ms": (float, "target pass over 1+D tokens, timed alone at this batch's state"),
     "draft_ms": (float, "drafter propose + commit, timed alone"),
-    "predicted_speedup": (float, "AL * T(1) / (T(1+D) + T_draft)"),
+    "predicted_speedup": ((float, type(None)), "AL * T(1) / (T(1+D) + T_draft); null for 'auto' "
+                          "(its verify width varies by round)"),
+    "verified_lengths": ((dict, type(None)), "'auto': batch rounds that verified each draft "
+                         "length (0 = a plain step); else null"),
     "baseline_fraction_of_roofline": (float, "plain step rate B/T(1) over the bandwidth roofline"),
     "same_as_plain": ((bool, type(None)), "greedy: every output equals plain decoding; else null"),
 }
@@ -57,6 +60,10 @@ def spec_config(drafter: str, d: int, options: dict | None = None) -> Speculativ
   """options: the method's own config keys (e.g. {"num_layers": 7} for layer-skip)."""
   return SpeculativeConfig.from_dict({"method": drafter, "num_speculative_tokens": d,
                                       **(options or {})})
+
+
+def _num(x) -> str:
+  return "—" if x is None else f"{x:.2f}"
 
 
 def batches(rows: list, b: int) -> list[list]:
@@ -72,14 +79,19 @@ class _Acc:
     self.rounds = self.emitted = self.tokens = self.base_tokens = self.steps = 0
     self.decode_s = self.base_decode_s = self.base_steps_s = 0.0
     self.base_steps = 0
-    self.accepted_at = [0] * d
+    self.accepted_at = [0] * d if isinstance(d, int) else []   # "auto": grows to D_max
+    self.verified_lengths: dict[int, int] = {}
     self.ratios, self.same, self.prompts = [], [], set()
     self.parts = None            # (t_verify, t_draft) seconds, timed once
 
   def add(self, out, base, prompt_ids):
     self.rounds += out.rounds
     self.emitted += out.emitted
-    self.accepted_at = [a + b for a, b in zip(self.accepted_at, out.accepted_at)]
+    n = max(len(self.accepted_at), len(out.accepted_at))
+    pad = lambda xs: list(xs) + [0] * (n - len(xs))
+    self.accepted_at = [a + b for a, b in zip(pad(self.accepted_at), pad(out.accepted_at))]
+    for w, c in out.verified_lengths.items():
+      self.verified_lengths[w] = self.verified_lengths.get(w, 0) + c
     self.tokens += sum(max(len(t) - 1, 0) for t in out.token_ids)
     self.decode_s += out.decode_s
     self.steps += out.steps
@@ -110,15 +122,19 @@ def _record(key, acc: _Acc, parts_by_cat: dict, roofline: float, temperature: fl
       draft_time_share=acc.steps * t_draft / acc.decode_s,
       verify_time_share=acc.steps * t_verify / acc.decode_s,
       t1_ms=1e3 * t1, verify_ms=1e3 * t_verify, draft_ms=1e3 * t_draft,
-      predicted_speedup=cost_model.predicted_speedup(max(al, 1.0), t1, t_verify, t_draft),
+      predicted_speedup=cost_model.predicted_speedup(max(al, 1.0), t1, t_verify, t_draft)
+      if isinstance(d, int) else None,
+      verified_lengths={str(w): c for w, c in sorted(acc.verified_lengths.items())} or None,
       baseline_fraction_of_roofline=(b / t1) / roofline,
       same_as_plain=all(acc.same) if temperature == 0 else None)
 
 
 def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_draft=(1, 3, 7),
         batch_sizes=(1, 4), temperature=0.0, max_new_tokens=128, repeats=1, ignore_eos=False,
-        drafter_options: dict[str, dict] | None = None, seed=0, progress: bool = True) -> dict:
-  """drafter_options: per drafter name, its method's config keys (registry options)."""
+        drafter_options: dict[str, dict] | None = None, seed=0, progress: bool = True,
+        cost_table=None) -> dict:
+  """drafter_options: per drafter name, its method's config keys (registry options). cost_table:
+  for 'auto' draft lengths, a CostTable or a `jspec plan` report path."""
   from tqdm import tqdm
 
   tok = loaded.tokenizer
@@ -131,7 +147,8 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
   spec_cfgs = {c: spec_config(c[0], c[1], opts.get(c[0])) for c in configs}
   plain_dec = Decoder(loaded.model, eos_ids=tok.eos_ids)
   specs = {c: SpecDecoder(loaded.model, cfg, eos_ids=tok.eos_ids,
-                          draft_model=loaded.model if cfg.method == "draft_model" else None)
+                          draft_model=loaded.model if cfg.method == "draft_model" else None,
+                          cost_table=cost_table)
            for c, cfg in spec_cfgs.items()}
   # One padded prompt shape for the whole run: one compile per (config, B) instead of per length
   # bucket (the padding is attended over by plain and speculative runs alike).
@@ -237,7 +254,7 @@ def markdown(report: dict, categories: bool = True) -> str:
     lines.append(
         f"| {r['drafter']} | {r['num_draft']} | {r['batch_size']} | {r['category']} | "
         f"{r['acceptance_length']:.2f} | {r['speedup']:.2f} ({r['speedup_p25']:.2f}–"
-        f"{r['speedup_p75']:.2f}) | {r['predicted_speedup']:.2f} | {r['tokens_per_s']:.1f} | "
+        f"{r['speedup_p75']:.2f}) | {_num(r['predicted_speedup'])} | {r['tokens_per_s']:.1f} | "
         f"{r['baseline_tokens_per_s']:.1f} | {100 * r['draft_time_share']:.0f}% / "
         f"{100 * r['verify_time_share']:.0f}% | {same} |")
   return "\n".join(lines)

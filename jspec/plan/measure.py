@@ -1,0 +1,138 @@
+"""Measures what the cost model needs on the current device and writes the plan (`jspec plan`).
+
+- T_verif(B, T): the target's forward over T tokens against a filled cache, every (B, T) compiled
+  and warmed up, then timed round-robin (medians), as jspec.bench.verify_cost does;
+- T_draft(B, D): each drafter's propose + commit at a post-prefill state of calibration prompts
+  (jspec.bench.components.time_draft);
+- acceptance: per-position reach r_k from greedy generation on calibration prompts (the training
+  prompts, never the benchmark suite) at D_max;
+- a roofline: read bandwidth and fp32 GEMM FLOP/s, for the memory- vs compute-bound guideline.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jspec.adaptive import CostTable
+from jspec.bench.components import time_draft
+from jspec.bench.plain import measure_bandwidth
+from jspec.bench.verify_cost import Point
+from jspec.plan import model as cm
+
+
+def measure_verify(target, batch_sizes, tokens, context: int, repeats: int,
+                   log=print) -> dict[int, dict[int, float]]:
+  """Seconds per forward, B -> {T: median}."""
+  graphdef, weights = nnx.split(target)
+  max_len = context + max(tokens) + 8
+  points = []
+  for b in batch_sizes:
+    for t in tokens:
+      points.append(Point(graphdef, weights, target.config, "model", "model", b, t, context,
+                          max_len))
+      log(f"compiled verify B={b} T={t}")
+  for _ in range(repeats):
+    for p in points:
+      p.call()                      # untimed: a decode loop runs steps back to back
+      p.times.append(p.call())
+  out: dict[int, dict[int, float]] = {}
+  for p in points:
+    out.setdefault(p.key["batch_size"], {})[p.key["tokens"]] = statistics.median(p.times)
+  return out
+
+
+def measure_roofline(repeats: int = 5) -> dict:
+  bw = measure_bandwidth(repeats=repeats)
+  n = 1024
+  a = jnp.ones((n, n), jnp.float32)
+  f = jax.jit(lambda x, y: x @ y)
+  f(a, a).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(a, a).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return dict(bytes_per_s=bw, flops_per_s=2 * n ** 3 / statistics.median(times), weight_bytes=4)
+
+
+def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_new_tokens: int,
+                    repeats: int, t1: dict[int, float], options: dict | None = None,
+                    log=print) -> cm.DrafterProfile:
+  """Acceptance at D_max = max(lengths) on the calibration prompts, and the draft cost at every
+  (B, D) relative to the plain step t1[B]."""
+  from jspec.config import SpeculativeConfig
+  from jspec.spec_decode import SpecDecoder
+
+  tok = loaded.tokenizer
+  draft_model = loaded.model if method in ("draft_model", "draft-model") else None
+
+  def decoder(d):
+    cfg = SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": d,
+                                       **(options or {})})
+    return SpecDecoder(loaded.model, cfg, eos_ids=tok.eos_ids, draft_model=draft_model)
+
+  d_max = max(lengths)
+  sd = decoder(d_max)
+  accepted, rounds = [0] * d_max, 0
+  for i in range(0, len(prompts), 8):
+    out = sd.generate(prompts[i:i + 8], max_new_tokens=max_new_tokens, pad_to=_pad(prompts))
+    accepted = [a + b for a, b in zip(accepted, out.accepted_at)]
+    rounds += out.rounds
+  reach = tuple(a / max(rounds, 1) for a in accepted)
+  log(f"{method}: AL(D={d_max}) = {1 + sum(reach):.2f} on {len(prompts)} calibration prompts")
+  draft = {}
+  for d in sorted(x for x in lengths if x > 0):
+    sd = decoder(d)
+    for b in batch_sizes:
+      ids = [prompts[j % len(prompts)] for j in range(b)]
+      state, sampling = sd.prefill(ids, max_new_tokens=max_new_tokens, pad_to=_pad(prompts))
+      draft.setdefault(b, {})[d] = time_draft(sd, state, sampling, repeats=repeats) / t1[b]
+    log(f"{method}: draft D={d} timed")
+  return cm.DrafterProfile(method.replace("-", "_"), reach, draft)
+
+
+def _pad(prompts) -> int:
+  from jspec.decode import bucket
+  return bucket(max(len(p) for p in prompts))
+
+
+def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompts, max_new_tokens=64,
+        repeats: int = 7, context: int = 256, drafter_options: dict | None = None,
+        log=print) -> dict:
+  """The plan: measured tables, the ranking per batch size, the schedule and the guidelines."""
+  lengths = sorted(set(lengths))
+  tokens = sorted({1} | {1 + d for d in lengths})
+  roof = measure_roofline()
+  secs = measure_verify(loaded.model, batch_sizes, tokens, context, repeats, log)
+  verify = {b: {t: s / row[1] for t, s in row.items()} for b, row in secs.items()}
+  t1 = {b: row[1] for b, row in secs.items()}
+  profiles = [measure_drafter(loaded, m, lengths, batch_sizes, prompts,
+                              max_new_tokens=max_new_tokens, repeats=repeats, t1=t1,
+                              options=(drafter_options or {}).get(m), log=log) for m in drafters]
+  ranking = cm.rank(verify, profiles, [0] + lengths)
+  sched = cm.schedule(ranking)
+  tables = {p.method: CostTable(verify, p.draft, source="jspec plan").to_dict() for p in profiles}
+  first = sched[min(sched)]["drafter"]
+  return dict(
+      backend=jax.default_backend(), device=str(jax.devices()[0]), jax_version=jax.__version__,
+      model=loaded.name, context=context, calibration_prompts=len(prompts),
+      max_new_tokens=max_new_tokens, repeats=repeats, roofline=roof,
+      verify_ms={str(b): {str(t): 1e3 * s for t, s in row.items()} for b, row in secs.items()},
+      drafters={p.method: dict(reach=list(p.reach),
+                               conditional_acceptance=cm.conditional_acceptance(list(p.reach)),
+                               acceptance_length={str(d): cm.acceptance_length(list(p.reach), d)
+                                                  for d in [0] + lengths},
+                               draft_cost={str(b): {str(d): c for d, c in r.items()}
+                                           for b, r in p.draft.items()})
+                for p in profiles},
+      ranking={str(b): rows for b, rows in ranking.items()},
+      schedule={str(b): e for b, e in sched.items()},
+      cost_table=tables.get(first) or CostTable(verify, source="jspec plan").to_dict(),
+      cost_tables=tables,
+      guidelines=cm.guidelines(loaded.model.config, verify, ranking, roof,
+                               jax.default_backend()))
