@@ -12,14 +12,34 @@ import pytest
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def _free_compiled() -> None:
+  jax.clear_caches()
+  gc.collect()
+
+
+def _memory_maps() -> int:
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return 0
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _free_compiled_programs():
   """Every XLA:CPU executable keeps its own memory mappings; the whole suite compiles thousands
   (eager ops included) and ran past the kernel's map limit (vm.max_map_count, 65530), which
-  crashed XLA's compiler with a segfault. Drop them after each test module."""
+  crashed XLA's compiler with a segfault. Drop them after each test module..."""
   yield
-  jax.clear_caches()
-  gc.collect()
+  _free_compiled()
+
+
+@pytest.fixture(autouse=True)
+def _free_compiled_programs_when_many():
+  """... and after any test that leaves the process with many mappings (a long module)."""
+  yield
+  if _memory_maps() > 20000:
+    _free_compiled()
 
 
 @pytest.fixture(scope="session")

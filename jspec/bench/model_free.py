@@ -94,15 +94,11 @@ def run(loaded, prompts, *, case: str, drafters, num_draft, batch_sizes=(1, 4), 
       for n in passes:
         for i, batch in enumerate(bs):
           ids = [r[1] for r in batch]
-          for r in range(repeats):
-            order = configs if (i + r) % 2 == 0 else configs[::-1]
-            base = plain_dec.generate(ids, seed=seed + r, **kw)
-            bar.update()
-            for c in order:
-              out = specs[c].generate(ids, seed=seed + r, **kw, **extra(c, batch))
-              bar.update()
-              accs.setdefault((c[0], c[1], b, label(cat, n)), speedup._Acc(c[1])).add(
-                  out, base, [row[0] for row in batch])
+          for c, out, base in speedup.interleaved_runs(
+              plain_dec, specs, configs, ids, index=i, repeats=repeats, seed=seed, kw=kw,
+              extra=lambda c, batch=batch: extra(c, batch), tick=bar.update):
+            accs.setdefault((c[0], c[1], b, label(cat, n)), speedup._Acc(c[1])).add(
+                out, base, [row[0] for row in batch])
         for c in configs:                 # component times at this pass's state, once each
           state, sampling = specs[c].prefill([r[1] for r in bs[0]], seed=seed,
                                              **kw, **extra(c, bs[0]))

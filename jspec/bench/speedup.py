@@ -72,6 +72,27 @@ def batches(rows: list, b: int) -> list[list]:
   return [[rows[(i * b + j) % len(rows)] for j in range(b)] for i in range(n)]
 
 
+def _add_lists(a: list, b: list) -> list:
+  """Elementwise sum, the shorter list padded with zeros."""
+  n = max(len(a), len(b))
+  return [x + y for x, y in zip(list(a) + [0] * (n - len(a)), list(b) + [0] * (n - len(b)))]
+
+
+def interleaved_runs(plain_dec, specs: dict, configs: list, ids, *, index: int, repeats: int,
+                     seed: int, kw: dict, extra=lambda c: {}, tick=lambda: None):
+  """Runs one batch `repeats` times: plain decoding first, then every config, in an order that
+  alternates between batches and runs (so that a slow phase of the machine hits all alike).
+  Yields (config, spec output, plain output)."""
+  for r in range(repeats):
+    order = configs if (index + r) % 2 == 0 else configs[::-1]
+    base = plain_dec.generate(ids, seed=seed + r, **kw)
+    tick()
+    for c in order:
+      out = specs[c].generate(ids, seed=seed + r, **kw, **extra(c))
+      tick()
+      yield c, out, base
+
+
 class _Acc:
   """Sums over runs of one (config, batch size, category)."""
 
@@ -87,9 +108,7 @@ class _Acc:
   def add(self, out, base, prompt_ids):
     self.rounds += out.rounds
     self.emitted += out.emitted
-    n = max(len(self.accepted_at), len(out.accepted_at))
-    pad = lambda xs: list(xs) + [0] * (n - len(xs))
-    self.accepted_at = [a + b for a, b in zip(pad(self.accepted_at), pad(out.accepted_at))]
+    self.accepted_at = _add_lists(self.accepted_at, out.accepted_at)
     for w, c in out.verified_lengths.items():
       self.verified_lengths[w] = self.verified_lengths.get(w, 0) + c
     self.tokens += sum(max(len(t) - 1, 0) for t in out.token_ids)
@@ -171,15 +190,10 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
     for cat, bs in plan[b].items():
       for i, batch in enumerate(bs):
         ids = [r[1] for r in batch]
-        for r in range(repeats):
-          order = configs if (i + r) % 2 == 0 else configs[::-1]
-          base = plain_dec.generate(ids, seed=seed + r, **kw)
-          bar.update()
-          for c in order:
-            out = specs[c].generate(ids, seed=seed + r, **kw)
-            bar.update()
-            key = (c[0], c[1], b, cat)
-            accs.setdefault(key, _Acc(c[1])).add(out, base, [row[0] for row in batch])
+        for c, out, base in interleaved_runs(plain_dec, specs, configs, ids, index=i,
+                                             repeats=repeats, seed=seed, kw=kw, tick=bar.update):
+          accs.setdefault((c[0], c[1], b, cat), _Acc(c[1])).add(out, base,
+                                                                [row[0] for row in batch])
         for c in configs:                 # component times at this category's shapes, once each
           if (c, b, cat) not in parts:
             state, params = specs[c].prefill(ids, seed=seed, **kw)
@@ -227,7 +241,9 @@ def _merge(into: _Acc, acc: _Acc) -> None:
   for name in ("rounds", "emitted", "tokens", "base_tokens", "steps", "decode_s", "base_decode_s",
                "base_steps"):
     setattr(into, name, getattr(into, name) + getattr(acc, name))
-  into.accepted_at = [a + b for a, b in zip(into.accepted_at, acc.accepted_at)]
+  into.accepted_at = _add_lists(into.accepted_at, acc.accepted_at)
+  for w, c in acc.verified_lengths.items():
+    into.verified_lengths[w] = into.verified_lengths.get(w, 0) + c
   into.ratios += acc.ratios
   into.same += acc.same
   into.prompts |= acc.prompts

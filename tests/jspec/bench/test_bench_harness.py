@@ -135,3 +135,22 @@ def test_padding_prompts_to_a_shared_shape_changes_no_token(loaded):
     a = dec.generate(ids, max_new_tokens=6, temperature=0.7, seed=3)
     b = dec.generate(ids, max_new_tokens=6, temperature=0.7, seed=3, pad_to=64)
     assert a.token_ids == b.token_ids
+
+
+def test_auto_draft_length_records(loaded, tmp_path):
+  """'auto' records: schema, pooled round counts per verified length, and a self-draft (which
+  accepts everything) never falling back to a plain step."""
+  rep = speedup.run(loaded, PROMPTS[::2], drafters=("draft-model",), num_draft=("auto",),
+                    batch_sizes=(2,), max_new_tokens=MAX_NEW, ignore_eos=True, progress=False)
+  auto = rep["results"]
+  assert len(auto) == 3
+  for r in auto:
+    speedup.check_record(r)
+    assert len(r["per_position_acceptance"]) == 7
+  pooled = next(r for r in auto if r["category"] == "all")
+  counts = {int(k): v for k, v in pooled["verified_lengths"].items()}
+  assert sum(counts.values()) == sum(sum(r["verified_lengths"].values()) for r in auto
+                                     if r["category"] != "all")
+  assert counts[0] == 0 and pooled["predicted_speedup"] is None
+  assert "| auto |" in speedup.markdown(rep)
+  plots.save_all(rep, str(tmp_path))
