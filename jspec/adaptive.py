@@ -11,8 +11,10 @@ a_bj is row b's running estimate of the probability that draft position j is acc
 positions before it were: an exponentially weighted average of what *earlier* rounds observed
 (accepted positions count 1, the first rejected one 0; when a whole block is accepted, the bonus
 token equal to the next draft token counts as that position's outcome, which is how a width-1 round
-keeps learning a_1). cost_k = (T_verif(B, 1+D_k) + T_draft(B, D_max)) / T_verif(B, 1) comes from a
-`CostTable` (measured by `jspec plan`, or the built-in defaults below). The choice depends on the
+keeps learning a_1; for a drafter that samples its drafts this undercounts a little). The estimates
+start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`), else
+0.5. cost_k = (T_verif(B, 1+D_k) + T_draft(B, D_max)) / T_verif(B, 1) comes from a `CostTable`
+(measured by `jspec plan`, or the built-in defaults below). The choice depends on the
 committed context and earlier rounds only, never on this round's verification, so each round is an
 ordinary rejection-sampling round over a chain of D_k drafts: lossless for every choice.
 """
@@ -56,10 +58,13 @@ def _interp(points: dict[int, float], x: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class CostTable:
   """Per batch size: verify cost {T: T_verif(B, T) / T_verif(B, 1)} and draft cost
-  {D: T_draft(B, D) / T_verif(B, 1)} (missing draft entries cost 0: model-free drafters)."""
+  {D: T_draft(B, D) / T_verif(B, 1)} (missing draft entries cost 0: model-free drafters); and the
+  drafter's calibrated conditional acceptance per draft position (the adaptive estimates' starting
+  point; empty: 0.5 everywhere)."""
   verify: dict[int, dict[int, float]]
   draft: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
   source: str = ""
+  acceptance: tuple[float, ...] = ()
 
   def __post_init__(self):
     if not self.verify or any(not v for v in self.verify.values()):
@@ -68,6 +73,8 @@ class CostTable:
       for t, c in row.items():
         if not (int(b) >= 1 and int(t) >= 1 and float(c) > 0):
           raise ValueError(f"bad verify cost entry B={b}, T={t}: {c} (need B, T >= 1, cost > 0)")
+    if not all(0.0 <= float(a) <= 1.0 for a in self.acceptance):
+      raise ValueError(f"acceptance probabilities must lie in [0, 1], got {self.acceptance}")
 
   @staticmethod
   def _row(table: dict, b: int) -> dict | None:
@@ -98,14 +105,15 @@ class CostTable:
   def to_dict(self) -> dict:
     return dict(verify={str(b): {str(t): c for t, c in r.items()} for b, r in self.verify.items()},
                 draft={str(b): {str(d): c for d, c in r.items()} for b, r in self.draft.items()},
-                source=self.source)
+                acceptance=list(self.acceptance), source=self.source)
 
   @classmethod
   def from_dict(cls, d: dict) -> "CostTable":
     try:
       conv = lambda t: {int(b): {int(k): float(v) for k, v in r.items()} for b, r in t.items()}
       return cls(verify=conv(d["verify"]), draft=conv(d.get("draft", {})),
-                 source=d.get("source", ""))
+                 source=d.get("source", ""),
+                 acceptance=tuple(float(a) for a in d.get("acceptance", ())))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
       raise ValueError(f"not a cost table ({e}); expected {{'verify': {{B: {{T: cost}}}}, "
                        "'draft': {B: {D: cost}}}, as `jspec plan` writes") from None
@@ -143,6 +151,7 @@ def validate_lengths(lengths, d_max: int | None = None) -> tuple[int, ...]:
 class AdaptiveParams:
   inner: Any
   cost: jax.Array          # [len(batch_sizes), len(lengths)] round cost per compiled length
+  prior: jax.Array         # [D_max] starting estimates of the conditional acceptance
 
 
 @jax.tree_util.register_dataclass
@@ -159,7 +168,7 @@ class AdaptiveDrafter:
   lengths: tuple[int, ...] = DEFAULT_LENGTHS
   batch_sizes: tuple[int, ...] = (1,)   # the rows of params.cost
   decay: float = 0.25                   # weight of a new observation in the running estimate
-  prior: float = 0.5                    # the estimate before anything was observed
+  prior: float = 0.5                    # the starting estimate where the cost table has none
 
   @property
   def num_draft(self) -> int:
@@ -187,7 +196,10 @@ class AdaptiveDrafter:
 
   def make_params(self, inner_params, costs: CostTable) -> AdaptiveParams:
     rows = [costs.round_costs(b, self.lengths, self.num_draft) for b in self.batch_sizes]
-    return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)))
+    known = list(costs.acceptance[:self.num_draft])
+    prior = known + [known[-1] if known else self.prior] * (self.num_draft - len(known))
+    return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)),
+                          jnp.asarray(prior, jnp.float32))
 
   def _cost_row(self, b: int) -> int:
     below = [i for i, s in enumerate(self.batch_sizes) if s <= b]
@@ -196,7 +208,7 @@ class AdaptiveDrafter:
   def init_state(self, params: AdaptiveParams, prompt, ctx, max_len: int) -> AdaptiveState:
     b = prompt.shape[0]
     return AdaptiveState(self.inner.init_state(params.inner, prompt, ctx, max_len),
-                         jnp.full((b, self.num_draft), self.prior, jnp.float32),
+                         jnp.broadcast_to(params.prior, (b, self.num_draft)),
                          jnp.zeros((len(self.lengths),), jnp.int32))
 
   def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key):

@@ -116,7 +116,9 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
                               options=(drafter_options or {}).get(m), log=log) for m in drafters]
   ranking = cm.rank(verify, profiles, [0] + lengths)
   sched = cm.schedule(ranking)
-  tables = {p.method: CostTable(verify, p.draft, source="jspec plan").to_dict() for p in profiles}
+  tables = {p.method: CostTable(verify, p.draft, source="jspec plan",
+                                acceptance=tuple(cm.conditional_acceptance(list(p.reach))))
+            .to_dict() for p in profiles}
   first = sched[min(sched)]["drafter"]
   return dict(
       backend=jax.default_backend(), device=str(jax.devices()[0]), jax_version=jax.__version__,

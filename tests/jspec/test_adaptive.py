@@ -148,3 +148,19 @@ def test_wrapper_passes_the_drafters_hooks_through():
   from jspec.drafters.ngram import NgramDrafter
   w = AdaptiveDrafter(NgramDrafter(3))
   assert w.make_request is None and w.after_generate is None and w.num_extra == 0
+
+
+def test_calibrated_acceptance_is_the_starting_estimate(tiny):
+  from jspec.drafters.ngram import NgramDrafter
+  table = CostTable({1: {1: 1.0, 4: 1.2}}, acceptance=(0.9, 0.4))
+  assert CostTable.from_dict(table.to_dict()) == table
+  w = AdaptiveDrafter(NgramDrafter(3), (0, 1, 3))
+  params = w.make_params(None, table)
+  np.testing.assert_allclose(np.asarray(params.prior), [0.9, 0.4, 0.4])
+  np.testing.assert_allclose(np.asarray(w.make_params(None, CostTable({1: {1: 1.0}})).prior),
+                             [0.5] * 3)
+  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": "auto"}, cost_table=table)
+  state, _ = sd.prefill(_prompts(0, [5, 6]), max_new_tokens=4)
+  np.testing.assert_allclose(np.asarray(state.drafter_state.est[1]), [0.9] + [0.4] * 6)
+  with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+    CostTable({1: {1: 1.0}}, acceptance=(1.5,))
