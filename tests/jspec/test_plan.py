@@ -112,3 +112,20 @@ def test_plan_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, tiny_loaded_fact
             "--plan", str(out)])
   record = json.loads(capsys.readouterr().out)
   assert record["drafter"] == ("none" if d == 0 else drafter.replace("_", "-"))
+
+
+def test_validation_rows_by_hand():
+  from jspec.plan import validate
+  table = CostTable({1: {1: 1.0, 4: 1.6}}, {1: {3: 0.2}})
+  plan = {"ranking": {"1": [dict(drafter="eagle3", num_draft=3, speedup=1.5,
+                                 acceptance_length=2.7)]},
+          "cost_tables": {"eagle3": table.to_dict()}}
+  rec = dict(drafter="eagle3", num_draft=3, batch_size=1, category="all", speedup=1.4,
+             acceptance_length=2.52)
+  bench = {"results": [rec, dict(rec, category="math"), dict(rec, num_draft="auto"),
+                       dict(rec, batch_size=4)]}
+  rows = validate.rows(plan, bench)
+  assert len(rows) == 1
+  assert rows[0]["predicted_bench_al"] == pytest.approx(2.52 / 1.8)
+  assert rows[0]["predicted_plan"] == 1.5 and rows[0]["measured"] == 1.4
+  assert "| eagle3 | 3 | 1 | 2.70 / 2.52 | 1.50 | 1.40 | 1.40 | +0% |" in validate.markdown(rows)
