@@ -23,3 +23,4 @@ $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CA
 $PY -m jspec.cli bench --prompts benchmarks/prompts/adversarial.jsonl --max-new-tokens 64 \
   --drafters ngram --num-draft 1,3,auto --batch-size 1,4 --temperature 0 \
   --plan benchmarks/plan_cpu.json --json benchmarks/adaptive_adversarial_cpu.json --no-progress
+python -m jspec.plan.validate --plan benchmarks/plan_cpu.json --bench benchmarks/adaptive_bench_cpu.json > benchmarks/plan_validation_cpu.md

@@ -124,6 +124,9 @@ def cmd_generate(args) -> None:
     SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
     num_draft, = _draft_lengths(args.num_draft)
     spec = _spec_config(args.drafter, num_draft, args) if args.drafter != "none" else None
+    if args.plan and spec is not None:
+      from jspec.adaptive import CostTable
+      CostTable.load(args.plan, spec.method)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   loaded = _load(args.model)
@@ -251,6 +254,9 @@ def cmd_bench(args) -> None:
   _at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:   # everything cheap is checked before the model loads
+    if args.plan:
+      from jspec.adaptive import CostTable
+      CostTable.load(args.plan)
     prompts = suite.load(args.prompts)
     cats = args.categories.split(",") if args.categories else None
     prompts = suite.select(prompts, cats, args.per_category)

@@ -129,3 +129,16 @@ def test_validation_rows_by_hand():
   assert rows[0]["predicted_bench_al"] == pytest.approx(2.52 / 1.8)
   assert rows[0]["predicted_plan"] == 1.5 and rows[0]["measured"] == 1.4
   assert "| eagle3 | 3 | 1 | 2.70 / 2.52 | 1.50 | 1.40 | 1.40 | +0% |" in validate.markdown(rows)
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+def test_unreadable_plan_fails_before_the_model_loads(command, tmp_path, monkeypatch):
+  from jspec import cli
+  monkeypatch.setattr(cli, "_load", lambda name: pytest.fail("loaded a model"))
+  bad = tmp_path / "plan.json"
+  bad.write_text("[1, 2]")
+  argv = (["generate", "hi", "--drafter", "ngram"] if command == "generate" else
+          ["bench", "--prompts", _prompt_file(tmp_path)]) + ["--plan", str(bad)]
+  with pytest.raises(SystemExit) as e:
+    cli.main(argv)
+  assert "is not a cost table or a jspec plan report" in str(e.value.code)
