@@ -130,8 +130,10 @@ def test_cli_rejects_empty_prompt_and_unknown_model():
     cli_main(["generate", "  "])
   with pytest.raises(SystemExit, match="unknown model 'nope'"):
     cli_main(["generate", "hello", "--model", "nope"])
-  with pytest.raises(SystemExit, match="num_speculative_tokens must be an integer"):
+  with pytest.raises(SystemExit, match="--num-draft values must be >= 1 or 'auto'"):
     cli_main(["generate", "hello", "--drafter", "ngram", "--num-draft", "-1"])
+  with pytest.raises(SystemExit, match="--num-draft takes comma-separated integers or 'auto'"):
+    cli_main(["generate", "hello", "--drafter", "ngram", "--num-draft", "many"])
   with pytest.raises(SystemExit, match=r"top_p must be in \(0, 1\]"):
     cli_main(["generate", "hello", "--top-p", "2"])
 
