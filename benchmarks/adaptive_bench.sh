@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 CATS=coding,code_editing,summarization,rag_qa,math,writing,multi_turn
 
-$PY -m jspec.cli plan --drafters ngram,eagle3 --batch-sizes 1,4 --num-draft 1,2,3,5,7 \
+[[ "${SKIP_PLAN:-0}" == 1 ]] || $PY -m jspec.cli plan --drafters ngram,eagle3 --batch-sizes 1,4 --num-draft 1,2,3,5,7 \
   --calibration benchmarks/prompts/train.jsonl --calibration-prompts 16 --max-new-tokens 64 \
   --json benchmarks/plan_cpu.json --plot benchmarks/plots/plan_pareto_cpu.png
 
@@ -23,4 +23,4 @@ $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CA
 $PY -m jspec.cli bench --prompts benchmarks/prompts/adversarial.jsonl --max-new-tokens 64 \
   --drafters ngram --num-draft 1,3,auto --batch-size 1,4 --temperature 0 \
   --plan benchmarks/plan_cpu.json --json benchmarks/adaptive_adversarial_cpu.json --no-progress
-python -m jspec.plan.validate --plan benchmarks/plan_cpu.json --bench benchmarks/adaptive_bench_cpu.json > benchmarks/plan_validation_cpu.md
+$PY -m jspec.plan.validate --plan benchmarks/plan_cpu.json --bench benchmarks/adaptive_bench_cpu.json > benchmarks/plan_validation_cpu.md

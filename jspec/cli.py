@@ -260,8 +260,9 @@ def cmd_bench(args) -> None:
     prompts = suite.load(args.prompts)
     cats = args.categories.split(",") if args.categories else None
     prompts = suite.select(prompts, cats, args.per_category)
+    from jspec.config import TOP_KEYS
     options = {d: _spec_config(d, n, args).to_dict() for d in drafters for n in num_draft}
-    options = {d: {k: v for k, v in o.items() if k not in ("method", "num_speculative_tokens")}
+    options = {d: {k: v for k, v in o.items() if k not in TOP_KEYS}
                for d, o in options.items()}
     SamplingParams.make(1, args.temperature, 0, 1.0)
   except ValueError as e:
@@ -307,10 +308,11 @@ def cmd_plan(args) -> None:
     if not drafters:
       raise ValueError("--drafters is empty; name at least one drafter")
     prompts = suite.load(args.calibration)[:args.calibration_prompts]
+    from jspec.config import TOP_KEYS
     options = {}
     for d in drafters:
       o = _spec_config(d, max(lengths), args).to_dict()
-      options[d] = {k: v for k, v in o.items() if k not in ("method", "num_speculative_tokens")}
+      options[d] = {k: v for k, v in o.items() if k not in TOP_KEYS}
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   _check_outputs(args, [args.json, args.plot])
@@ -411,9 +413,10 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--json", action="store_true", help="print one JSON object")
   g.add_argument("--drafter", default="none", choices=["none"] + _drafter_names(),
                  help="speculative drafter; with one, plain decoding also runs for the speedup")
-  g.add_argument("--num-draft", default="auto",
+  g.add_argument("--num-draft", default="3",
                  help="draft tokens per round (D), or 'auto': each round verifies 0-7 drafts, "
-                 "chosen from the acceptance so far and the verify cost (default)")
+                 "chosen from the acceptance so far and the verify cost (not the default: on "
+                 "these CPUs it does not beat a fixed D yet, benchmarks/REPORT.md)")
   g.add_argument("--prediction", default=None, metavar="FILE",
                  help="text file with the expected output (e.g. the code being edited): "
                  "speculate from it (predicted outputs; implies --drafter prediction)")

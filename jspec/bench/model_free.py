@@ -174,8 +174,9 @@ def main(argv=None) -> None:
     prompts = suite.select(suite.load(args.prompts),
                            args.categories.split(",") if args.categories else None,
                            args.per_category)
+    from jspec.config import TOP_KEYS
     options = {d: cli._spec_config(d, n, args).to_dict() for d in drafters for n in num_draft}
-    options = {d: {k: v for k, v in o.items() if k not in ("method", "num_speculative_tokens")}
+    options = {d: {k: v for k, v in o.items() if k not in TOP_KEYS}
                for d, o in options.items()}
     SamplingParams.make(1, args.temperature, 0, 1.0)
   except ValueError as e:

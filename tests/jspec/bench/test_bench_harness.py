@@ -154,3 +154,15 @@ def test_auto_draft_length_records(loaded, tmp_path):
   assert counts[0] == 0 and pooled["predicted_speedup"] is None
   assert "| auto |" in speedup.markdown(rep)
   plots.save_all(rep, str(tmp_path))
+
+
+def test_cli_auto_beside_fixed_lengths_builds_every_config(tmp_path, monkeypatch, loaded):
+  seen = {}
+  monkeypatch.setattr(cli, "_load", lambda name: loaded)
+  monkeypatch.setattr(speedup, "run", lambda *a, **k: seen.update(k) or {"results": []})
+  monkeypatch.setattr(speedup, "markdown", lambda report: "")
+  f = tmp_path / "p.jsonl"
+  f.write_text(PROMPTS and json.dumps(dict(id="a", category="x", prompt="p")) + "\n")
+  cli.main(["bench", "--prompts", str(f), "--drafters", "ngram", "--num-draft", "1,auto"])
+  assert seen["num_draft"] == (1, "auto") and seen["drafter_options"] == {"ngram": {
+      "prompt_lookup_min": 1, "prompt_lookup_max": 4}}
