@@ -84,12 +84,12 @@ def schedule(ranking: dict[int, list[dict]]) -> dict[int, dict]:
 def pick(sched: dict, batch_size: int) -> tuple[str | None, int]:
   """The schedule's (drafter, D) for a batch size: the entry of the largest planned B <= it (the
   smallest planned B below that). D = 0 means plain decoding."""
-  keys = sorted(int(b) for b in sched)
+  table = {int(b): e for b, e in sched.items()}     # JSON keys are strings
+  keys = sorted(table)
   if not keys:
     raise ValueError("the plan's schedule is empty")
   below = [k for k in keys if k <= batch_size]
-  e = sched[below[-1] if below else keys[0]] if isinstance(next(iter(sched)), int) else \
-      sched[str(below[-1] if below else keys[0])]
+  e = table[below[-1] if below else keys[0]]
   return e["drafter"], int(e["num_draft"])
 
 
