@@ -1,8 +1,11 @@
 """Adaptive draft length inside the one jitted round (`num_speculative_tokens: "auto"`).
 
-`AdaptiveDrafter` wraps any chain drafter built for D_max = max(lengths). Every round it drafts D_max
-tokens, then picks a verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5,
-7; 0 is a plain decode step) with `lax.switch`, so nothing recompiles when the choice changes:
+`AdaptiveDrafter` wraps any chain drafter built for D_max = max(lengths). Every round it picks a
+verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5, 7; 0 is a plain decode
+step) and verifies with `lax.switch`, so nothing recompiles when the choice changes. A model-free
+drafter drafts D_max tokens first (its proposal count per row enters the choice); a serial model
+drafter (`variable_length`: EAGLE-3, draft models) is asked for only min(D_k + 1, D_max) tokens, the
+one past the verified ones keeping the estimate of the next position learning:
 
   AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
   k*        = argmax_k  mean_b(AL_b(D_k)) / cost_k                 (live rows b)
@@ -13,7 +16,7 @@ positions before it were: an exponentially weighted average of what *earlier* ro
 token equal to the next draft token counts as that position's outcome, which is how a width-1 round
 keeps learning a_1; for a drafter that samples its drafts this undercounts a little). The estimates
 start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`), else
-0.5. cost_k = (T_verif(B, 1+D_k) + T_draft(B, D_max)) / T_verif(B, 1) comes from a `CostTable`
+0.5. cost_k = (T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) comes from a `CostTable`
 (measured by `jspec plan`, or the built-in defaults below). The choice depends on the
 committed context and earlier rounds only, never on this round's verification, so each round is an
 ordinary rejection-sampling round over a chain of D_k drafts: lossless for every choice.
@@ -91,10 +94,12 @@ class CostTable:
     row = self._row(self.draft, b)
     return 0.0 if row is None or d == 0 else max(_interp(row, d), 0.0)
 
-  def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int) -> list[float]:
-    """cost_k of a round that drafts d_max tokens and verifies 1 + lengths[k], in T_verif(B, 1)."""
-    draft = self.draft_cost(b, d_max)
-    return [self.verify_cost(b, 1 + d) + draft for d in lengths]
+  def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int,
+                  variable_length: bool = False) -> list[float]:
+    """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): after drafting d_max
+    tokens, or (variable_length) min(lengths[k] + 1, d_max)."""
+    drafted = [min(d + 1, d_max) if variable_length else d_max for d in lengths]
+    return [self.verify_cost(b, 1 + d) + self.draft_cost(b, n) for d, n in zip(lengths, drafted)]
 
   @classmethod
   def default(cls, backend: str | None = None) -> "CostTable":
@@ -179,6 +184,11 @@ class AdaptiveDrafter:
     return self.inner.target_taps
 
   @property
+  def choose_before_drafting(self) -> bool:
+    """The inner drafter drafts only what it is asked for (`propose(num=...)`)."""
+    return getattr(self.inner, "variable_length", False)
+
+  @property
   def num_extra(self) -> int:
     return getattr(self.inner, "num_extra", 0)
 
@@ -195,7 +205,8 @@ class AdaptiveDrafter:
         params, inner=hook(params.inner, prompts, outputs))
 
   def make_params(self, inner_params, costs: CostTable) -> AdaptiveParams:
-    rows = [costs.round_costs(b, self.lengths, self.num_draft) for b in self.batch_sizes]
+    rows = [costs.round_costs(b, self.lengths, self.num_draft, self.choose_before_drafting)
+            for b in self.batch_sizes]
     known = list(costs.acceptance[:self.num_draft])
     prior = known + [known[-1] if known else self.prior] * (self.num_draft - len(known))
     return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)),
@@ -211,8 +222,9 @@ class AdaptiveDrafter:
                          jnp.broadcast_to(params.prior, (b, self.num_draft)),
                          jnp.zeros((len(self.lengths),), jnp.int32))
 
-  def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key):
-    draft, inner = self.inner.propose(params.inner, state.inner, ctx, key)
+  def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key, num=None):
+    extra = {} if num is None else {"num": num}
+    draft, inner = self.inner.propose(params.inner, state.inner, ctx, key, **extra)
     return draft, dataclasses.replace(state, inner=inner)
 
   def commit(self, params: AdaptiveParams, state: AdaptiveState, ctx) -> AdaptiveState:

@@ -122,24 +122,35 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   step = state.round + 1
   ctx = state.context(sampling)
 
-  # 1. draft
-  draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx,
-                                  _step_keys(state.keys, step, 1))
+  # 1. draft (an adaptive wrapper over a serial drafter picks the verify width first and asks for
+  # only one draft past it; jspec.adaptive)
+  lengths = getattr(drafter, "lengths", None)
+  draft_keys = _step_keys(state.keys, step, 1)
+  if lengths is not None and drafter.choose_before_drafting:
+    k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live)
+    num = jnp.minimum(jnp.asarray(lengths, jnp.int32)[k] + 1, d)
+    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys, num=num)
+  else:
+    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys)
   draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
 
   # 2-3. verify [last committed, d_1..d_W] in one target forward, accept by rejection sampling.
   # W = D, or (adaptive drafters, jspec.adaptive) the W the drafter picks from earlier rounds and
   # this draft, among its compiled lengths.
   verify_keys = _step_keys(state.keys, step, 2)
-  lengths = getattr(drafter, "lengths", None)
   if lengths is None:
     n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
         model, drafter, state, draft, draft_len, sampling, verify_keys, d)
   else:
-    k = drafter.choose(drafter_params, dstate, draft_len, live)
-    n_acc, new, out_cache, hidden, extra_argmax = jax.lax.switch(
-        k, [functools.partial(_verify_width, model, drafter, width=w) for w in lengths],
+    # The branches leave the target cache alone (a branch returning a written cache makes XLA copy
+    # all of it every round) and return the block's K/V, padded to D + 1, written once here.
+    if not drafter.choose_before_drafting:
+      k = drafter.choose(drafter_params, dstate, draft_len, live)
+    n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
+        k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
+            for w in lengths],
         state, draft, draft_len, sampling, verify_keys)
+    out_cache = state.cache.write_block(*new_kv)
     dstate = drafter.observe(dstate, k, n_acc, new, draft.tokens, draft_len, live)
     draft_len = jnp.minimum(draft_len, jnp.asarray(lengths, jnp.int32)[k])
 
@@ -176,18 +187,20 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   return dataclasses.replace(state, drafter_state=dstate)
 
 
-def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, keys, width: int):
+def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, keys, width: int,
+                  write: bool = True):
   """Verifies the first `width` drafts. Returns (n_acc [B], tokens [B, D+1] (the first n_acc + 1
-  are the round's output), the target cache, the block's taps [B, D+1, H], extra argmax)."""
+  are the round's output), the target cache (write=False: the block's K/V instead, L x [B, D+1+E,
+  KVH, Dh] for k and for v, zero past the block), the block's taps [B, D+1, H], extra argmax)."""
   b, d = draft.tokens.shape
   rows = jnp.arange(b)
   last = state.tokens[rows, state.length - 1]
   block = jnp.concatenate([last[:, None], draft.tokens[:, :width]], axis=1)       # [B, W+1]
   if draft.extra is None:
-    out = model(block, state.cache, taps=drafter.target_taps)                     # [B, W+1, V]
+    out = model(block, state.cache, taps=drafter.target_taps, write_cache=write)  # [B, W+1, V]
     extra_argmax = None
   else:
-    out, extra_argmax = _verify_with_extras(model, drafter, state, block, draft.extra)
+    out, extra_argmax = _verify_with_extras(model, drafter, state, block, draft.extra, write)
   q = None if draft.q is None else draft.q[:, :width]
   n_acc, new = verify(keys, out.logits[:, :width + 1], sampling, draft.tokens[:, :width], q,
                       jnp.minimum(draft_len, width))
@@ -195,10 +208,14 @@ def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, 
   new = jnp.pad(new, ((0, 0), (0, pad)))
   hidden = tuple(jnp.pad(h[:, :width + 1].astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
                  for h in out.hidden)
-  return n_acc, new, out.cache, hidden, extra_argmax
+  if write:
+    return n_acc, new, out.cache, hidden, extra_argmax
+  kv = tuple(tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in xs) for xs in out.new_kv)
+  return n_acc, new, kv, hidden, extra_argmax
 
 
-def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra):
+def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra,
+                        write: bool = True):
   """The verify forward over [block, extras]: the chain stays causal and never sees the extras;
   each extra sees the last committed token (block index 0) and the extras its mask allows.
   Returns the forward (logits [B, D+1, V]) and the argmax after the extras named by
@@ -217,7 +234,7 @@ def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extr
   idx = jnp.concatenate([jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)),
                          t + extra.outputs.astype(jnp.int32)], axis=1)            # [B, T+K]
   out = model(tokens, state.cache, positions=positions, tree_mask=mask, logit_indices=idx,
-              taps=drafter.target_taps)
+              taps=drafter.target_taps, write_cache=write)
   return out, jnp.argmax(out.logits[:, t:t + k], axis=-1).astype(jnp.int32)
 
 

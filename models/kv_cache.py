@@ -53,3 +53,14 @@ class KVCache:
     k[layer] = k[layer].at[rows, slots].set(k_new.astype(k[layer].dtype), mode="drop")
     v[layer] = v[layer].at[rows, slots].set(v_new.astype(v[layer].dtype), mode="drop")
     return dataclasses.replace(self, k=tuple(k), v=tuple(v))
+
+  def write_block(self, k_new: tuple[jax.Array, ...], v_new: tuple[jax.Array, ...]) -> "KVCache":
+    """`write` for every layer (L x [B, T, KVH, Dh], as `Llama(write_cache=False)` returns them);
+    lengths unchanged."""
+    if len(k_new) != len(self.k) or len(v_new) != len(self.v):
+      raise ValueError(f"write_block needs one k and one v per layer ({len(self.k)}), got "
+                       f"{len(k_new)} and {len(v_new)}")
+    cache = self
+    for layer, (k, v) in enumerate(zip(k_new, v_new)):
+      cache = cache.write(layer, k, v)
+    return cache

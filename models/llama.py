@@ -17,7 +17,8 @@ from flax import nnx
 from models import cpu_gemm
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
-from pallas_kernels.verify_attention import IMPLS, attention_mask, choose_impl, verify_attention
+from pallas_kernels.verify_attention import (IMPLS, attend_unwritten, attention_mask, choose_impl,
+                                             verify_attention)
 
 
 class RMSNorm(nnx.Module):
@@ -62,9 +63,11 @@ class Attention(nnx.Module):
     self.cfg = cfg
     self.attention_impl = attention_impl
 
-  def __call__(self, x, positions, cache: KVCache, layer: int, mask, tree_mask=None):
+  def __call__(self, x, positions, cache: KVCache, layer: int, mask, tree_mask=None,
+               write: bool = True):
     """mask: [B, T, S] `attention_mask` for the reference path (None: the api builds it); the
-    kernel path reads cache.lengths and tree_mask [B, T, T] instead."""
+    kernel path reads cache.lengths and tree_mask [B, T, T] instead.
+    write=False leaves the cache as it is and returns the block's (k, v) in its place."""
     cfg = self.cfg
     b, t, _ = x.shape
     q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)          # [B, T, Hq, Dh]
@@ -74,6 +77,9 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
+    if not write:
+      out = attend_unwritten(q, cache.k[layer], cache.v[layer], cache.lengths, k, v, tree_mask)
+      return self.o_proj(out.reshape(b, t, -1)), (k, v)
     cache = cache.write(layer, k, v)
     out = verify_attention(q, cache.k[layer], cache.v[layer], cache.lengths, tree_mask,
                            impl=self.attention_impl, mask=mask)             # [B, T, Hq, Dh]
@@ -104,10 +110,10 @@ class Block(nnx.Module):
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
     self.mlp = MLP(cfg, dtype=dtype, rngs=rngs, matmul_impl=matmul_impl)
 
-  def __call__(self, x, positions, cache, layer, mask, tree_mask=None):
-    a, cache = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask)
+  def __call__(self, x, positions, cache, layer, mask, tree_mask=None, write: bool = True):
+    a, aux = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask, write)
     x = x + a
-    return x + self.mlp(self.post_attn_norm(x)), cache
+    return x + self.mlp(self.post_attn_norm(x)), aux
 
 
 @jax.tree_util.register_dataclass
@@ -116,6 +122,8 @@ class ForwardOutput:
   logits: jax.Array                 # [B, T, V], or [B, K, V] when logit_indices is given
   cache: KVCache                    # lengths advanced by num_new (default T)
   hidden: tuple[jax.Array, ...]     # one [B, T, H] per requested tap
+  new_kv: tuple | None = None       # write_cache=False: (L x k, L x v) [B, T, KVH, Dh] of the
+                                    # block, for `KVCache.write_block`; the cache is unchanged
 
 
 class Llama(nnx.Module):
@@ -150,13 +158,17 @@ class Llama(nnx.Module):
 
   def __call__(self, tokens: jax.Array, cache: KVCache, *, positions: jax.Array | None = None,
                tree_mask: jax.Array | None = None, num_new: jax.Array | None = None,
-               logit_indices: jax.Array | None = None, taps: Sequence[int] = ()) -> ForwardOutput:
+               logit_indices: jax.Array | None = None, taps: Sequence[int] = (),
+               write_cache: bool = True) -> ForwardOutput:
     """tokens [B, T] go to cache slots lengths[b] + t.
 
     positions: [B, T] RoPE positions (default: the slots; a tree passes prefix length + depth).
     tree_mask: [B, T, T] bool, which new tokens each new token attends to (default causal).
     num_new:   [B] how far each row's length advances (default T; prefill of ragged prompts).
     logit_indices: [B, K] which of the T positions to project to logits (default all).
+    write_cache: False reads the cache without writing it (jnp attention over [prefix, block]) and
+      returns the block's K/V in `new_kv` with the cache unchanged, for callers that branch on the
+      block (a `lax.switch` returning a written cache copies all of it) and write once after.
     """
     b, t = tokens.shape
     for tap in taps:
@@ -167,22 +179,31 @@ class Llama(nnx.Module):
     # The reference path shares one [B, T, S] mask across layers; the kernel builds its own.
     impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.k[0].dtype)
     mask = None
-    if impl == "reference":
+    if impl == "reference" and write_cache:
       mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)    # [B, T, S]
     x = self.embed(tokens)                                                  # [B, T, H]
     hidden = {}
+    new_kv = []
     for i, block in enumerate(self.layers):
       if i in taps:
         hidden[i] = x
-      x, cache = block(x, positions, cache, i, mask, tree_mask)
+      x, aux = block(x, positions, cache, i, mask, tree_mask, write_cache)
+      if write_cache:
+        cache = aux
+      else:
+        new_kv.append(aux)
     if self.config.num_layers in taps:
       hidden[self.config.num_layers] = x
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)        # [B, K, H]
     logits = self.logits(self.norm(x))
+    taps_out = tuple(hidden[i] for i in taps)
+    if not write_cache:
+      kv = (tuple(k for k, _ in new_kv), tuple(v for _, v in new_kv))
+      return ForwardOutput(logits=logits, cache=cache, hidden=taps_out, new_kv=kv)
     advance = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
     cache = cache.with_lengths(cache.lengths + advance)
-    return ForwardOutput(logits=logits, cache=cache, hidden=tuple(hidden[i] for i in taps))
+    return ForwardOutput(logits=logits, cache=cache, hidden=taps_out)
 
   def logits(self, x: jax.Array) -> jax.Array:
     if self.config.tie_embeddings:

@@ -73,12 +73,42 @@ class Drafter(Protocol):
     target_hidden holds the prompt's taps [B, P, H]."""
 
   def propose(self, params: Any, state: Any, ctx: Context, key: jax.Array) -> tuple[Draft, Any]:
-    """Proposes D tokens per row following ctx.tokens[:, :ctx.length]. key: [B] per-row keys."""
+    """Proposes D tokens per row following ctx.tokens[:, :ctx.length]. key: [B] per-row keys.
+    A drafter whose cost grows with the drafts (a serial model) may set `variable_length = True`
+    and take `num` (a traced int32 in 1..D): draft only the first `num`, with Draft.length = num;
+    the adaptive wrapper (jspec.adaptive) then drafts only what it will verify."""
 
   def commit(self, params: Any, state: Any, ctx: Context) -> Any:
     """Sees the context after acceptance (lengths advanced by ctx.num_new, the verified block's
     taps: block position j < num_new holds the tap of committed position length-1-num_new+j);
     returns the new state."""
+
+
+def draft_chain(step, carry, first: tuple[jax.Array, jax.Array | None], num_draft: int,
+                num: jax.Array | None = None):
+  """The serial part of a chain drafter: position 0's (token [B], q [B, V] | None) is `first`;
+  step(carry, i) -> (carry, (token, q)) drafts position i = 1 .. num_draft - 1 (a scan), or only
+  i < num (a traced count, for `propose(num=...)`: a while loop; later positions stay 0, their q
+  zeros). Returns (carry, tokens [B, D], q [B, D, V] | None)."""
+  tok0, q0 = first
+  if num is None:
+    carry, (toks, qs) = jax.lax.scan(step, carry, jnp.arange(1, num_draft))
+    tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)
+    q = None if q0 is None else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return carry, tokens, q
+  tokens = jnp.zeros((tok0.shape[0], num_draft), jnp.int32).at[:, 0].set(tok0)
+  q = None if q0 is None else jnp.zeros(q0.shape[:1] + (num_draft,) + q0.shape[1:],
+                                        q0.dtype).at[:, 0].set(q0)
+
+  def body(c):
+    i, carry, tokens, q = c
+    carry, (tok, qi) = step(carry, i)
+    return (i + 1, carry, tokens.at[:, i].set(tok),
+            None if q is None else q.at[:, i].set(qi))
+
+  _, carry, tokens, q = jax.lax.while_loop(lambda c: c[0] < num, body,
+                                           (jnp.ones((), jnp.int32), carry, tokens, q))
+  return carry, tokens, q
 
 
 def draft_token(logits: jax.Array, sampling: SamplingParams, key: jax.Array, step: int | jax.Array,

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft, draft_token
+from jspec.drafters.base import Context, Draft, draft_chain, draft_token
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -29,6 +29,7 @@ class DraftModelDrafter:
   num_draft: int
   sample: bool = True      # sample from the processed q (recorded); False: argmax, q = None
   target_taps: tuple[int, ...] = ()
+  variable_length = True   # propose(num=...) drafts only num tokens (one serial step each)
 
   @classmethod
   def from_model(cls, model: Llama, num_draft: int, *, sample: bool = True):
@@ -46,7 +47,7 @@ class DraftModelDrafter:
   def commit(self, params, state, ctx: Context):
     return state
 
-  def propose(self, params, state: KVCache, ctx: Context, key: jax.Array):
+  def propose(self, params, state: KVCache, ctx: Context, key: jax.Array, num=None):
     model = nnx.merge(self.graphdef, params)
     b = ctx.length.shape[0]
     rows = jnp.arange(b)
@@ -65,10 +66,9 @@ class DraftModelDrafter:
       nxt, q = pick(o.logits[:, 0], i)
       return (o.cache, nxt), (nxt, q)
 
-    (cache, _), (toks, qs) = jax.lax.scan(step, (out.cache, tok), jnp.arange(1, self.num_draft))
-    tokens = jnp.concatenate([tok[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)     # [B, D]
-    q = None if q0 is None else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return Draft(tokens=tokens, q=q), cache
+    (cache, _), tokens, q = draft_chain(step, (out.cache, tok), (tok, q0), self.num_draft, num)
+    length = None if num is None else jnp.full((b,), num, jnp.int32)
+    return Draft(tokens=tokens, q=q, length=length), cache
 
 
 def layer_skip_model(target: Llama, num_layers: int) -> Llama:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft, draft_token
+from jspec.drafters.base import Context, Draft, draft_chain, draft_token
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import MLP, Llama, RMSNorm, rope
@@ -171,6 +171,7 @@ class Eagle3Drafter:
   target_taps: tuple[int, ...]
   sample: bool = True                 # sample from the processed q (recorded) vs argmax
   attention_impl: str = "auto"
+  variable_length = True              # propose(num=...) runs only num - 1 head steps
 
   @classmethod
   def from_head(cls, head: Eagle3Head, target: Llama, num_draft: int, *, sample: bool = True):
@@ -218,7 +219,7 @@ class Eagle3Drafter:
     return Eagle3State(cache, jnp.where(moved, feature, state.feature),
                        jnp.where(moved, logits, state.logits))
 
-  def propose(self, params, state: Eagle3State, ctx: Context, key: jax.Array):
+  def propose(self, params, state: Eagle3State, ctx: Context, key: jax.Array, num=None):
     head = nnx.merge(self.graphdef, params["head"])
     embed = params["embed"]
 
@@ -235,11 +236,10 @@ class Eagle3Drafter:
       nxt, q = pick(head.draft_logits(a[:, 0]), i)
       return (cache, a[:, 0], nxt), (nxt, q)
 
-    (cache, _, _), (toks, qs) = jax.lax.scan(step, (state.cache, state.feature, tok),
-                                             jnp.arange(1, self.num_draft))
-    tokens = jnp.concatenate([tok[:, None], jnp.moveaxis(toks, 0, 1)], axis=1)      # [B, D]
-    q = None if q0 is None else jnp.concatenate([q0[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-    return Draft(tokens=tokens, q=q), dataclasses.replace(state, cache=cache)
+    (cache, _, _), tokens, q = draft_chain(step, (state.cache, state.feature, tok), (tok, q0),
+                                           self.num_draft, num)
+    length = None if num is None else jnp.full(tok.shape, num, jnp.int32)
+    return Draft(tokens=tokens, q=q, length=length), dataclasses.replace(state, cache=cache)
 
 
 @dataclasses.dataclass(frozen=True)

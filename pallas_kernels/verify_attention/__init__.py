@@ -3,9 +3,9 @@ causal or tree mask among the new tokens; `api.py` picks the Pallas kernel or th
 
 from pallas_kernels.verify_attention.api import (IMPLS, choose_impl, paged_verify_attention,
                                                  verify_attention)
-from pallas_kernels.verify_attention.reference import (attend, attention_mask,
+from pallas_kernels.verify_attention.reference import (attend, attend_unwritten, attention_mask,
                                                        verify_attention_reference)
 from pallas_kernels.verify_attention.paged import paged_verify_attention_reference
 
-__all__ = ["IMPLS", "attend", "attention_mask", "choose_impl", "paged_verify_attention",
-           "paged_verify_attention_reference", "verify_attention", "verify_attention_reference"]
+__all__ = ["IMPLS", "attend", "attend_unwritten", "attention_mask", "choose_impl",
+           "paged_verify_attention", "paged_verify_attention_reference", "verify_attention", "verify_attention_reference"]

@@ -46,3 +46,26 @@ def verify_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths
   if mask is None:
     mask = attention_mask(lengths, q.shape[1], k.shape[1], tree_mask)
   return attend(q, k, v, mask)
+
+
+def attend_unwritten(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+                     k_new: jax.Array, v_new: jax.Array,
+                     tree_mask: jax.Array | None = None) -> jax.Array:
+  """`verify_attention_reference` for a block whose keys/values are *not* in the cache: q, k_new,
+  v_new [B, T, ...] for the T new tokens, the cache's slots < lengths[b] as the prefix, tree_mask
+  [B, T, T] (None = causal). One softmax over [prefix, block]; the cache is only read, so a caller
+  can keep it out of a `lax.switch` and write the block once afterwards."""
+  b, t, hq, dh = q.shape
+  s, kvh = k_cache.shape[1], k_cache.shape[2]
+  qg = q.reshape(b, t, kvh, hq // kvh, dh)                                  # [B, T, KVH, G, Dh]
+  k_new, v_new = k_new.astype(k_cache.dtype), v_new.astype(v_cache.dtype)
+  prefix = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
+  block = jnp.einsum("btkgd,bukd->bkgtu", qg, k_new, preferred_element_type=jnp.float32)
+  sees_prefix = (jnp.arange(s)[None, :] < lengths[:, None])[:, None, None, None, :]   # [B,1,1,1,S]
+  inside = jnp.tril(jnp.ones((t, t), bool))[None] if tree_mask is None else tree_mask
+  scores = jnp.concatenate([jnp.where(sees_prefix, prefix, -jnp.inf),
+                            jnp.where(inside[:, None, None], block, -jnp.inf)], axis=-1)
+  probs = jax.nn.softmax(scores * (dh ** -0.5), axis=-1).astype(v_cache.dtype)
+  out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_cache) +
+         jnp.einsum("bkgtu,bukd->btkgd", probs[..., s:], v_new))
+  return out.reshape(b, t, hq, dh)

@@ -103,3 +103,35 @@ def test_writes_past_the_cache_are_dropped_not_clamped(model):
   after = model(jnp.asarray([[7, 8, 9, 10]]), cache).cache   # slots 6..9; 8, 9 do not exist
   for k0, k1 in zip(before, after.k):
     np.testing.assert_array_equal(np.asarray(k1)[:, :6], k0[:, :6])
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_unwritten_forward_then_write_block_equals_the_writing_forward(model, tree):
+  """write_cache=False (jnp attention over [prefix, block], cache only read) + write_block gives the
+  writing forward's logits, taps and cache, causal and with a tree mask, at ragged lengths."""
+  rng = np.random.default_rng(7)
+  b, t = 2, 4
+  cache = model(jnp.asarray(rng.integers(0, CFG.vocab_size, (b, 9))), KVCache.init(CFG, b, 20),
+                num_new=jnp.asarray([9, 6])).cache
+  block = jnp.asarray(rng.integers(0, CFG.vocab_size, (b, t)))
+  mask = None
+  if tree:   # node 0 root; 1 and 2 its children; 3 child of 2
+    m = np.eye(t, dtype=bool)
+    m[:, 0] = True
+    m[3, 2] = True
+    mask = jnp.asarray(np.broadcast_to(m, (b, t, t)))
+  pos = cache.lengths[:, None] + jnp.asarray([0, 1, 1, 2])[None] if tree else None
+  ref = model(block, cache, positions=pos, tree_mask=mask, taps=(1, 3))
+  out = model(block, cache, positions=pos, tree_mask=mask, taps=(1, 3), write_cache=False)
+  assert out.cache is cache and len(out.new_kv[0]) == CFG.num_layers
+  np.testing.assert_allclose(np.asarray(out.logits), np.asarray(ref.logits), atol=2e-5)
+  for h, g in zip(ref.hidden, out.hidden):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(h), atol=2e-5)
+  written = cache.write_block(*out.new_kv)
+  for layer in range(CFG.num_layers):
+    np.testing.assert_allclose(np.asarray(written.k[layer]), np.asarray(ref.cache.k[layer]),
+                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(written.v[layer]), np.asarray(ref.cache.v[layer]),
+                               atol=1e-5)
+  with pytest.raises(ValueError, match="one k and one v per layer"):
+    cache.write_block(out.new_kv[0][:1], out.new_kv[1])
