@@ -53,19 +53,15 @@ def attend_unwritten(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengt
                      tree_mask: jax.Array | None = None) -> jax.Array:
   """`verify_attention_reference` for a block whose keys/values are *not* in the cache: q, k_new,
   v_new [B, T, ...] for the T new tokens, the cache's slots < lengths[b] as the prefix, tree_mask
-  [B, T, T] (None = causal). One softmax over [prefix, block]; the cache is only read, so a caller
-  can keep it out of a `lax.switch` and write the block once afterwards."""
-  b, t, hq, dh = q.shape
-  s, kvh = k_cache.shape[1], k_cache.shape[2]
-  qg = q.reshape(b, t, kvh, hq // kvh, dh)                                  # [B, T, KVH, G, Dh]
-  k_new, v_new = k_new.astype(k_cache.dtype), v_new.astype(v_cache.dtype)
-  prefix = jnp.einsum("btkgd,bskd->bkgts", qg, k_cache, preferred_element_type=jnp.float32)
-  block = jnp.einsum("btkgd,bukd->bkgtu", qg, k_new, preferred_element_type=jnp.float32)
-  sees_prefix = (jnp.arange(s)[None, :] < lengths[:, None])[:, None, None, None, :]   # [B,1,1,1,S]
-  inside = jnp.tril(jnp.ones((t, t), bool))[None] if tree_mask is None else tree_mask
-  scores = jnp.concatenate([jnp.where(sees_prefix, prefix, -jnp.inf),
-                            jnp.where(inside[:, None, None], block, -jnp.inf)], axis=-1)
-  probs = jax.nn.softmax(scores * (dh ** -0.5), axis=-1).astype(v_cache.dtype)
-  out = (jnp.einsum("bkgts,bskd->btkgd", probs[..., :s], v_cache) +
-         jnp.einsum("bkgtu,bukd->btkgd", probs[..., s:], v_new))
-  return out.reshape(b, t, hq, dh)
+  [B, T, T] (None = causal). The cache is only read, so a caller can keep it out of a `lax.switch`
+  and write the block once afterwards. Attends over [cache, block] concatenated: on XLA:CPU the
+  concatenation fuses with the relayout the dot needs anyway, and measured as fast as the writing
+  path, while two separate dots over cache and block measured 25% slower (B = 4, default model)."""
+  b, t = q.shape[:2]
+  s = k_cache.shape[1]
+  k = jnp.concatenate([k_cache, k_new.astype(k_cache.dtype)], axis=1)          # [B, S+T, KVH, Dh]
+  v = jnp.concatenate([v_cache, v_new.astype(v_cache.dtype)], axis=1)
+  prefix = jnp.broadcast_to((jnp.arange(s)[None, :] < lengths[:, None])[:, None, :], (b, t, s))
+  inside = jnp.tril(jnp.ones((t, t), bool)) if tree_mask is None else tree_mask
+  mask = jnp.concatenate([prefix, jnp.broadcast_to(inside, (b, t, t))], axis=2)  # [B, T, S+T]
+  return attend(q, k, v, mask)
