@@ -1,8 +1,8 @@
 """Adaptive draft length inside the one jitted round (`num_speculative_tokens: "auto"`).
 
 `AdaptiveDrafter` wraps any chain drafter built for D_max = max(lengths). Every round it picks a
-verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5, 7; 0 is a plain decode
-step) and verifies with `lax.switch`, so nothing recompiles when the choice changes. A model-free
+verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5, 7; 0 is a plain
+decode step) and verifies with `lax.switch`, so nothing recompiles when the choice changes. A model-free
 drafter drafts D_max tokens first (its proposal count per row enters the choice); a serial model
 drafter (`variable_length`: EAGLE-3, draft models) is asked for only min(D_k + 1, D_max) tokens, the
 one past the verified ones keeping the estimate of the next position learning:
@@ -61,13 +61,17 @@ def _interp(points: dict[int, float], x: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class CostTable:
   """Per batch size: verify cost {T: T_verif(B, T) / T_verif(B, 1)} and draft cost
-  {D: T_draft(B, D) / T_verif(B, 1)} (missing draft entries cost 0: model-free drafters); and the
+  {D: T_draft(B, D) / T_verif(B, 1)} (missing draft entries cost 0: model-free drafters); the
   drafter's calibrated conditional acceptance per draft position (the adaptive estimates' starting
-  point; empty: 0.5 everywhere)."""
+  point; empty: 0.5 everywhere); and, when measured (`jspec plan`), the whole adaptive round
+  {D: seconds per round verifying D / seconds per plain decode step}, which the choice then uses
+  instead of verify + draft: it holds what the forward timings miss (acceptance, commit, the
+  drafter's per-round upkeep, so that D = 0 costs more than a plain step for EAGLE-3)."""
   verify: dict[int, dict[int, float]]
   draft: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
   source: str = ""
   acceptance: tuple[float, ...] = ()
+  round: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not self.verify or any(not v for v in self.verify.values()):
@@ -76,6 +80,11 @@ class CostTable:
       for t, c in row.items():
         if not (int(b) >= 1 and int(t) >= 1 and float(c) > 0):
           raise ValueError(f"bad verify cost entry B={b}, T={t}: {c} (need B, T >= 1, cost > 0)")
+    for b, row in self.round.items():
+      for d, c in row.items():
+        if not (int(b) >= 1 and int(d) >= 0 and float(c) > 0):
+          raise ValueError(f"bad round cost entry B={b}, D={d}: {c} (need B >= 1, D >= 0, "
+                           "cost > 0)")
     if not all(0.0 <= float(a) <= 1.0 for a in self.acceptance):
       raise ValueError(f"acceptance probabilities must lie in [0, 1], got {self.acceptance}")
 
@@ -96,8 +105,12 @@ class CostTable:
 
   def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int,
                   variable_length: bool = False) -> list[float]:
-    """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): after drafting d_max
-    tokens, or (variable_length) min(lengths[k] + 1, d_max)."""
+    """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
+    the table has it, else verify + draft after drafting d_max tokens, or (variable_length)
+    min(lengths[k] + 1, d_max)."""
+    if self.round:
+      row = self._row(self.round, b)
+      return [max(_interp(row, d), 1e-3) for d in lengths]
     drafted = [min(d + 1, d_max) if variable_length else d_max for d in lengths]
     return [self.verify_cost(b, 1 + d) + self.draft_cost(b, n) for d, n in zip(lengths, drafted)]
 
@@ -108,8 +121,8 @@ class CostTable:
     return cls(verify=table, source=f"built-in defaults for {backend}")
 
   def to_dict(self) -> dict:
-    return dict(verify={str(b): {str(t): c for t, c in r.items()} for b, r in self.verify.items()},
-                draft={str(b): {str(d): c for d, c in r.items()} for b, r in self.draft.items()},
+    conv = lambda t: {str(b): {str(k): c for k, c in r.items()} for b, r in t.items()}
+    return dict(verify=conv(self.verify), draft=conv(self.draft), round=conv(self.round),
                 acceptance=list(self.acceptance), source=self.source)
 
   @classmethod
@@ -117,7 +130,7 @@ class CostTable:
     try:
       conv = lambda t: {int(b): {int(k): float(v) for k, v in r.items()} for b, r in t.items()}
       return cls(verify=conv(d["verify"]), draft=conv(d.get("draft", {})),
-                 source=d.get("source", ""),
+                 round=conv(d.get("round", {})), source=d.get("source", ""),
                  acceptance=tuple(float(a) for a in d.get("acceptance", ())))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
       raise ValueError(f"not a cost table ({e}); expected {{'verify': {{B: {{T: cost}}}}, "

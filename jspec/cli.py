@@ -340,11 +340,13 @@ def cmd_plan(args) -> None:
 
 
 def _plan_text(report: dict) -> str:
+  from jspec.plan.model import expected_speedup
+
   lines = ["| B | best | predicted | runner-up | predicted |", "|---|---|---|---|---|"]
   name = lambda r: "plain" if r["num_draft"] == 0 else f"{r['drafter']} D={r['num_draft']}"
   for b, rows in report["ranking"].items():
     top = rows[:2] + [None] * (2 - len(rows[:2]))
-    cells = [f"{name(r)} | {r['speedup']:.2f}x" if r else "— | —" for r in top]
+    cells = [f"{name(r)} | {expected_speedup(r):.2f}x" if r else "— | —" for r in top]
     lines.append(f"| {b} | " + " | ".join(cells) + " |")
   lines.append("")
   for g in report["guidelines"]:

@@ -6,11 +6,15 @@
   (jspec.bench.components.time_draft);
 - acceptance: per-position reach r_k from greedy generation on calibration prompts (the training
   prompts, never the benchmark suite) at D_max;
+- the whole round: seconds per round of the adaptive round forced to each D (0 included) over
+  seconds per step of plain decoding, generating from calibration prompts, interleaved, medians:
+  the costs the adaptive choice uses (everything the forward timings leave out is in them);
 - a roofline: read bandwidth and fp32 GEMM FLOP/s, for the memory- vs compute-bound guideline.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -96,6 +100,56 @@ def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_n
   return cm.DrafterProfile(method.replace("-", "_"), reach, draft)
 
 
+def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_new_tokens: int,
+                   repeats: int, options: dict | None = None,
+                   log=print) -> dict[int, dict[int, float]]:
+  """B -> {D: seconds per adaptive round forced to verify D / seconds per plain decode step}, for
+  D in {0} + lengths: one compiled program per B (the forced choice is a parameter), plain
+  decoding interleaved with the rounds, medians of `repeats`."""
+  from jspec.decode import Decoder
+  from jspec.spec_decode import SpecDecoder
+
+  lengths = sorted({0} | set(lengths))
+  draft_model = loaded.model if method in ("draft_model", "draft-model") else None
+  sd = SpecDecoder(loaded.model, {"method": method, "num_speculative_tokens": max(lengths),
+                                  "draft_lengths": lengths, **(options or {})},
+                   draft_model=draft_model)
+  base = sd.drafter_params
+  forced = {d: dataclasses.replace(base, cost=jnp.where(
+      jnp.arange(len(lengths)) == k, 1.0, 1e3) * jnp.ones_like(base.cost))
+      for k, d in enumerate(lengths)}
+  plain = Decoder(loaded.model)
+  pad = _pad(prompts)
+  out: dict[int, dict[int, float]] = {}
+  for b in batch_sizes:
+    ids = [prompts[j % len(prompts)] for j in range(b)]
+
+    def spec(d):
+      sd.drafter_params = forced[d]
+      o = sd.generate(ids, max_new_tokens=max_new_tokens, eos=False, pad_to=pad)
+      assert o.verified_lengths[d] == o.steps, (d, o.verified_lengths)
+      return o.decode_s / max(o.steps, 1)
+
+    def step():
+      o = plain.generate(ids, max_new_tokens=max_new_tokens, eos=False, pad_to=pad)
+      return o.decode_s / max(max_new_tokens - 1, 1)
+
+    step()
+    for d in lengths:
+      spec(d)                                     # compiles once, warms up every length
+    times = {d: [] for d in ["plain"] + lengths}
+    for _ in range(repeats):
+      times["plain"].append(step())
+      for d in lengths:
+        times[d].append(spec(d))
+    t1 = statistics.median(times["plain"])
+    out[b] = {d: statistics.median(times[d]) / t1 for d in lengths}
+    log(f"{method}: rounds at B={b} timed: " + ", ".join(f"D={d} {c:.2f}"
+                                                         for d, c in out[b].items()))
+  sd.drafter_params = base
+  return out
+
+
 def _pad(prompts) -> int:
   from jspec.decode import bucket
   return bucket(max(len(p) for p in prompts))
@@ -111,14 +165,20 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
   secs = measure_verify(loaded.model, batch_sizes, tokens, context, repeats, log)
   verify = {b: {t: s / row[1] for t, s in row.items()} for b, row in secs.items()}
   t1 = {b: row[1] for b, row in secs.items()}
-  profiles = [measure_drafter(loaded, m, lengths, batch_sizes, prompts,
-                              max_new_tokens=max_new_tokens, repeats=repeats, t1=t1,
-                              options=(drafter_options or {}).get(m), log=log) for m in drafters]
+  profiles = []
+  for m in drafters:
+    opts = (drafter_options or {}).get(m)
+    prof = measure_drafter(loaded, m, lengths, batch_sizes, prompts, max_new_tokens=max_new_tokens,
+                           repeats=repeats, t1=t1, options=opts, log=log)
+    rounds = measure_rounds(loaded, m, lengths, batch_sizes, prompts,
+                            max_new_tokens=max_new_tokens, repeats=max(3, repeats // 2),
+                            options=opts, log=log)
+    profiles.append(dataclasses.replace(prof, round=rounds))
   ranking = cm.rank(verify, profiles, [0] + lengths)
   sched = cm.schedule(ranking)
   tables = {p.method: CostTable(verify, p.draft, source="jspec plan",
-                                acceptance=tuple(cm.conditional_acceptance(list(p.reach))))
-            .to_dict() for p in profiles}
+                                acceptance=tuple(cm.conditional_acceptance(list(p.reach))),
+                                round=p.round).to_dict() for p in profiles}
   first = sched[min(sched)]["drafter"]
   return dict(
       backend=jax.default_backend(), device=str(jax.devices()[0]), jax_version=jax.__version__,
@@ -130,7 +190,9 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
                                acceptance_length={str(d): cm.acceptance_length(list(p.reach), d)
                                                   for d in [0] + lengths},
                                draft_cost={str(b): {str(d): c for d, c in r.items()}
-                                           for b, r in p.draft.items()})
+                                           for b, r in p.draft.items()},
+                               round_cost={str(b): {str(d): c for d, c in r.items()}
+                                           for b, r in p.round.items()})
                 for p in profiles},
       ranking={str(b): rows for b, rows in ranking.items()},
       schedule={str(b): e for b, e in sched.items()},

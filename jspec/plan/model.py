@@ -5,6 +5,9 @@ decode step T_verif(B, 1):
   AL(D)          = 1 + sum_{k <= D} r_k,  r_k = prod_{i <= k} a_i (P(the first k drafts accepted))
   speedup(B, D)  = AL(D) / (c_verify(B, 1 + D) + c_draft(B, D))
   low-latency    = AL(D) / (1 + rho * D),  rho = the marginal cost of a draft token at D_max
+  round speedup  = AL(D) / c_round(B, D), with the whole round measured (when it was): what the
+                   ranking and the schedule go by, since the forward timings leave out the round's
+                   own work
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ class DrafterProfile:
   method: str
   reach: tuple[float, ...]                       # measured at D_max = len(reach)
   draft: dict[int, dict[int, float]]             # B -> {D: T_draft(B, D) / T_verif(B, 1)}
+  round: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
+  # B -> {D: seconds per (adaptive) round verifying D / seconds per plain step}, when measured
 
 
 def rank(verify: dict[int, dict[int, float]], profiles: list[DrafterProfile],
@@ -62,21 +67,30 @@ def rank(verify: dict[int, dict[int, float]], profiles: list[DrafterProfile],
           continue
         al = acceptance_length(list(prof.reach), d)
         cv, cd = table.verify_cost(b, 1 + d), table.draft_cost(b, d)
-        rows.append(dict(drafter=prof.method, num_draft=d, acceptance_length=al,
-                         verify_cost=cv, draft_cost=cd, speedup=speedup(al, cv, cd),
-                         low_latency_speedup=low_latency_speedup(al, rho, d),
-                         breakeven_acceptance_length=cv + cd))
-    out[b] = sorted(rows, key=lambda r: -r["speedup"])
+        row = dict(drafter=prof.method, num_draft=d, acceptance_length=al,
+                   verify_cost=cv, draft_cost=cd, speedup=speedup(al, cv, cd),
+                   low_latency_speedup=low_latency_speedup(al, rho, d),
+                   breakeven_acceptance_length=cv + cd)
+        if prof.round:
+          cr = CostTable(verify, round=prof.round).round_costs(b, (d,), d)[0]
+          row.update(round_cost=cr, round_speedup=al / cr)
+        rows.append(row)
+    out[b] = sorted(rows, key=lambda r: -expected_speedup(r))
   return out
+
+
+def expected_speedup(row: dict) -> float:
+  """A ranking row's best estimate: the measured-round speedup where there is one."""
+  return row.get("round_speedup", row["speedup"])
 
 
 def schedule(ranking: dict[int, list[dict]]) -> dict[int, dict]:
   """Batch size -> the best (drafter, D), or D = 0 (plain decoding) where nothing beats 1.0."""
   out = {}
   for b, rows in ranking.items():
-    best = rows[0] if rows and rows[0]["speedup"] > 1.0 and rows[0]["num_draft"] else None
+    best = rows[0] if rows and expected_speedup(rows[0]) > 1.0 and rows[0]["num_draft"] else None
     out[b] = (dict(drafter=best["drafter"], num_draft=best["num_draft"],
-                   predicted_speedup=best["speedup"]) if best else
+                   predicted_speedup=expected_speedup(best)) if best else
               dict(drafter=None, num_draft=0, predicted_speedup=1.0))
   return out
 
@@ -103,7 +117,7 @@ def guidelines(config, verify: dict[int, dict[int, float]], ranking: dict[int, l
   out = []
 
   # 1. breakeven
-  wins = {b: r["speedup"] > 1.0 for b, r in best.items()}
+  wins = {b: expected_speedup(r) > 1.0 for b, r in best.items()}
   out.append(dict(
       name="at low batch a drafter clears the breakeven acceptance length",
       hint="speculation pays where AL(D) > (T_verif(B, 1+D) + T_draft(B, D)) / T_verif(B, 1); "
@@ -154,7 +168,7 @@ def guidelines(config, verify: dict[int, dict[int, float]], ranking: dict[int, l
 
   # 5. serial draft cost
   serial = sorted({r["drafter"] for b in bs for r in ranking[b] if r["draft_cost"] > 0.02})
-  best_d = {(m, b): max((r for r in ranking[b] if r["drafter"] == m), key=lambda r: r["speedup"])
+  best_d = {(m, b): max((r for r in ranking[b] if r["drafter"] == m), key=expected_speedup)
             for m in serial for b in bs}
   longest = {m: max(r["num_draft"] for b in bs for r in ranking[b] if r["drafter"] == m)
              for m in serial}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jspec.plan.model import expected_speedup
+
 
 def pareto(report: dict, path: str) -> str:
   import matplotlib
@@ -13,7 +15,7 @@ def pareto(report: dict, path: str) -> str:
   for b, rows in report["ranking"].items():
     step_s = report["verify_ms"][b]["1"] / 1e3
     for r in rows:
-      per_user = r["speedup"] / step_s
+      per_user = expected_speedup(r) / step_s
       series.setdefault((r["drafter"], r["num_draft"]), []).append((int(b) * per_user, per_user,
                                                                      int(b)))
   for (drafter, d), pts in sorted(series.items(), key=lambda kv: (kv[0][1] > 0, str(kv[0]))):

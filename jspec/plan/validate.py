@@ -2,8 +2,10 @@
 
 For every fixed-D bench record of the pooled category ("all") whose drafter and B the plan covers:
   predicted (plan)      the plan's own prediction (calibration-prompt acceptance, plan's costs)
-  predicted (bench AL)  the plan's costs with the acceptance the bench measured: isolates the cost
-                        model's error from the calibration acceptance's
+  predicted (bench AL)  the plan's forward costs (T_verif + T_draft) with the acceptance the bench
+                        measured: isolates the cost model's error from the calibration acceptance's
+  predicted (round)     the same with the plan's measured whole-round costs (the adaptive round
+                        forced to D, which the adaptive choice uses)
   measured              the bench's median speedup
   python -m jspec.plan.validate --plan benchmarks/plan_cpu.json --bench benchmarks/X.json
 """
@@ -29,9 +31,11 @@ def rows(plan: dict, bench: dict) -> list[dict]:
       continue
     table = CostTable.from_dict(plan["cost_tables"][name])
     cost = table.verify_cost(int(b), 1 + d) + table.draft_cost(int(b), d)
+    rcost = table.round_costs(int(b), (d,), d)[0] if table.round else None
     out.append(dict(drafter=r["drafter"], num_draft=d, batch_size=int(b),
                     predicted_plan=planned["speedup"],
                     predicted_bench_al=r["acceptance_length"] / cost,
+                    predicted_round=None if rcost is None else r["acceptance_length"] / rcost,
                     measured=r["speedup"], plan_al=planned["acceptance_length"],
                     bench_al=r["acceptance_length"]))
   return out
@@ -39,12 +43,17 @@ def rows(plan: dict, bench: dict) -> list[dict]:
 
 def markdown(table: list[dict]) -> str:
   lines = ["| drafter | D | B | AL plan / bench | predicted (plan) | predicted (bench AL) | "
-           "measured | error (bench AL) |", "|---|---|---|---|---|---|---|---|"]
+           "predicted (round) | measured | error (bench AL) | error (round) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for r in table:
     err = r["predicted_bench_al"] / r["measured"] - 1
+    rp = r.get("predicted_round")
+    rpred, rerr = ("—", "—") if rp is None else (
+        f"{rp:.2f}", f"{100 * (rp / r['measured'] - 1):+.0f}%")
     lines.append(f"| {r['drafter']} | {r['num_draft']} | {r['batch_size']} | {r['plan_al']:.2f} / "
                  f"{r['bench_al']:.2f} | {r['predicted_plan']:.2f} | "
-                 f"{r['predicted_bench_al']:.2f} | {r['measured']:.2f} | {100 * err:+.0f}% |")
+                 f"{r['predicted_bench_al']:.2f} | {rpred} | {r['measured']:.2f} | "
+                 f"{100 * err:+.0f}% | {rerr} |")
   return "\n".join(lines)
 
 

@@ -8,4 +8,5 @@ from pallas_kernels.verify_attention.reference import (attend, attend_unwritten,
 from pallas_kernels.verify_attention.paged import paged_verify_attention_reference
 
 __all__ = ["IMPLS", "attend", "attend_unwritten", "attention_mask", "choose_impl",
-           "paged_verify_attention", "paged_verify_attention_reference", "verify_attention", "verify_attention_reference"]
+           "paged_verify_attention", "paged_verify_attention_reference", "verify_attention",
+           "verify_attention_reference"]

@@ -31,6 +31,15 @@ def test_cost_table_interpolates_and_adds_the_draft():
   assert t.verify_cost(16, 3) == pytest.approx(3.0)
   assert t.draft_cost(1, 2) == pytest.approx(0.2) and t.draft_cost(8, 3) == pytest.approx(0.3)
   assert t.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.3, 1.5, 2.1])
+  # a serial drafter asked for min(D_k + 1, D_max) drafts only
+  assert t.round_costs(1, (0, 1, 3), 3, variable_length=True) == pytest.approx([1.1, 1.4, 2.1])
+  # measured whole rounds replace verify + draft (per B row, interpolated over D)
+  r = CostTable(t.verify, t.draft, round={1: {0: 1.1, 2: 1.5, 4: 2.3}, 8: {0: 1.2, 4: 3.0}})
+  assert r.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.1, 1.3, 1.9])
+  assert r.round_costs(8, (0, 2), 3) == pytest.approx([1.2, 2.1])
+  assert CostTable.from_dict(r.to_dict()) == r
+  with pytest.raises(ValueError, match="bad round cost entry"):
+    CostTable(t.verify, round={1: {0: 0.0}})
   assert CostTable.from_dict(t.to_dict()) == t
   with pytest.raises(ValueError, match="not a cost table"):
     CostTable.from_dict({"verify": 3})
@@ -77,20 +86,27 @@ def _prompts(seed, lengths, repeat=1):
   return [rng.integers(0, CFG.vocab_size, n).tolist() * repeat for n in lengths]
 
 
-def test_choice_depends_on_earlier_rounds_only(tiny):
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_choice_depends_on_earlier_rounds_only(tiny, method):
   """Drive rounds by hand: the length each round verifies is choose() of the estimates left by the
-  rounds before it and of this round's draft (computed here, before the round runs)."""
-  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": "auto",
+  rounds before it and of this round's draft (computed here, before the round runs); a serial
+  drafter's choice comes before drafting, from the estimates alone."""
+  kw = dict(draft_model=tiny) if method == "draft_model" else {}
+  sd = SpecDecoder(tiny, {"method": method, "num_speculative_tokens": "auto",
                           "draft_lengths": [0, 1, 2, 4]},
-                   cost_table=CostTable({1: {1: 1.0, 2: 1.05, 5: 1.3}}))
+                   cost_table=CostTable({1: {1: 1.0, 2: 1.05, 5: 1.3}}), **kw)
   prompts = _prompts(3, [6, 5], repeat=3) + _prompts(4, [9])
   state, sampling = sd.prefill(prompts, max_new_tokens=40, eos=False)
 
   @jax.jit
   def expected(state):
-    draft, _ = sd.drafter.inner.propose(None, state.drafter_state.inner, state.context(sampling),
-                                        None)
-    return sd.drafter.choose(sd.drafter_params, state.drafter_state, draft.length, ~state.done)
+    if sd.drafter.choose_before_drafting:
+      length = jnp.full(state.length.shape, sd.num_draft, jnp.int32)
+    else:
+      draft, _ = sd.drafter.inner.propose(None, state.drafter_state.inner,
+                                          state.context(sampling), None)
+      length = draft.length
+    return sd.drafter.choose(sd.drafter_params, state.drafter_state, length, ~state.done)
 
   seen = set()
   while not bool(np.all(np.asarray(state.done))):
@@ -164,3 +180,31 @@ def test_calibrated_acceptance_is_the_starting_estimate(tiny):
   np.testing.assert_allclose(np.asarray(state.drafter_state.est[1]), [0.9] + [0.4] * 6)
   with pytest.raises(ValueError, match=r"in \[0, 1\]"):
     CostTable({1: {1: 1.0}}, acceptance=(1.5,))
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle3"])
+def test_serial_drafters_draft_only_what_they_are_asked_for(tiny, method):
+  """propose(num=n) gives the first n tokens (and q) of the full draft with the same key, zeros
+  after, Draft.length = n; the adaptive round picks its width before drafting for them."""
+  from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+  kw = dict(draft_model=tiny)
+  if method == "eagle3":
+    kw = dict(draft_model=Eagle3Head(Eagle3Config.for_target(CFG, taps=(0, 1, 1)),
+                                     rngs=nnx.Rngs(2)))
+  sd = SpecDecoder(tiny, {"method": method, "num_speculative_tokens": 4}, **kw)
+  state, sampling = sd.prefill(_prompts(0, [8, 10], repeat=2), max_new_tokens=20,
+                               temperature=0.8)
+  propose = jax.jit(lambda st, num: sd.drafter.propose(sd.drafter_params, st.drafter_state,
+                                                       st.context(sampling), st.keys, num=num))
+  full, _ = jax.jit(lambda st: sd.drafter.propose(sd.drafter_params, st.drafter_state,
+                                                  st.context(sampling), st.keys))(state)
+  for n in (1, 2, 4):
+    part, _ = propose(state, jnp.int32(n))
+    np.testing.assert_array_equal(np.asarray(part.tokens[:, :n]), np.asarray(full.tokens[:, :n]))
+    assert not np.asarray(part.tokens[:, n:]).any() and np.asarray(part.length).tolist() == [n, n]
+    np.testing.assert_allclose(np.asarray(part.q[:, :n]), np.asarray(full.q[:, :n]), atol=1e-6)
+  auto = SpecDecoder(tiny, {"method": method, "num_speculative_tokens": "auto"}, **kw)
+  assert auto.drafter.choose_before_drafting
+  out = auto.generate(_prompts(0, [8, 10], repeat=2), max_new_tokens=30, eos=False)
+  plain = Decoder(tiny).generate(_prompts(0, [8, 10], repeat=2), max_new_tokens=30, eos=False)
+  assert out.token_ids == plain.token_ids

@@ -98,11 +98,17 @@ def test_plan_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, tiny_loaded_fact
   report = json.loads(out.read_text())
   assert png.stat().st_size > 0
   assert set(report["schedule"]) == {"1", "2"} and len(report["guidelines"]) == 5
+  rounds = report["cost_tables"]["ngram"]["round"]
+  assert set(rounds) == {"1", "2"} and all(set(r) == {"0", "1", "3"} for r in rounds.values())
   for b, rows in report["ranking"].items():
-    assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
-    for r in rows:     # each row's speedup is its AL over its costs
+    best = [cm.expected_speedup(r) for r in rows]
+    assert best == sorted(best, reverse=True)
+    for r in rows:     # each row's speedups are its AL over its costs
       assert r["speedup"] == pytest.approx(r["acceptance_length"] /
                                            (r["verify_cost"] + r["draft_cost"]))
+      if r["num_draft"]:
+        assert r["round_cost"] == pytest.approx(rounds[b][str(r["num_draft"])])
+        assert r["round_speedup"] == pytest.approx(r["acceptance_length"] / r["round_cost"])
   assert "| B | best |" in capsys.readouterr().out
   sd = SpecDecoder(loaded.model, {"method": "ngram", "num_speculative_tokens": "auto"},
                    cost_table=str(out))
@@ -128,7 +134,14 @@ def test_validation_rows_by_hand():
   assert len(rows) == 1
   assert rows[0]["predicted_bench_al"] == pytest.approx(2.52 / 1.8)
   assert rows[0]["predicted_plan"] == 1.5 and rows[0]["measured"] == 1.4
-  assert "| eagle3 | 3 | 1 | 2.70 / 2.52 | 1.50 | 1.40 | 1.40 | +0% |" in validate.markdown(rows)
+  assert rows[0]["predicted_round"] is None
+  assert ("| eagle3 | 3 | 1 | 2.70 / 2.52 | 1.50 | 1.40 | — | 1.40 | +0% | — |"
+          in validate.markdown(rows))
+  # with measured round costs: AL over the round's cost at D = 3 (interpolated from 2 and 5)
+  plan["cost_tables"]["eagle3"]["round"] = {"1": {"0": 1.1, "2": 1.4, "5": 2.0}}
+  rows = validate.rows(plan, bench)
+  assert rows[0]["predicted_round"] == pytest.approx(2.52 / 1.6)
+  assert "| 1.57 | 1.40 | +0% | +12% |" in validate.markdown(rows)
 
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
