@@ -138,10 +138,10 @@ def test_validation_rows_by_hand():
   assert ("| eagle3 | 3 | 1 | 2.70 / 2.52 | 1.50 | 1.40 | — | 1.40 | +0% | — |"
           in validate.markdown(rows))
   # with measured round costs: AL over the round's cost at D = 3 (interpolated from 2 and 5)
-  plan["cost_tables"]["eagle3"]["round"] = {"1": {"0": 1.1, "2": 1.4, "5": 2.0}}
+  plan["cost_tables"]["eagle3"]["round"] = {"1": {"0": 1.1, "2": 1.4, "5": 2.3}}
   rows = validate.rows(plan, bench)
-  assert rows[0]["predicted_round"] == pytest.approx(2.52 / 1.6)
-  assert "| 1.57 | 1.40 | +0% | +12% |" in validate.markdown(rows)
+  assert rows[0]["predicted_round"] == pytest.approx(2.52 / 1.7)
+  assert "| 1.48 | 1.40 | +0% | +6% |" in validate.markdown(rows)
 
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
