@@ -45,6 +45,15 @@ DEFAULT_VERIFY_COST = {
             4: {1: 1.0, 2: 1.14, 3: 1.28, 4: 1.40, 6: 1.62, 8: 1.84, 16: 2.82}},
     "gpu": {1: {1: 1.0, 8: 1.05, 16: 1.10}},
 }
+# The whole adaptive round verifying D, per plain decode step, on the project's CPUs
+# (benchmarks/plan_cpu.json, `jspec plan`): EAGLE-3's head upkeep makes even D = 0 cost more than a
+# plain step. Other drafters use n-gram's row; no GPU rounds are measured yet.
+DEFAULT_ROUND_COST = {
+    "cpu": {"ngram": {1: {0: 1.07, 1: 1.14, 2: 1.18, 3: 1.28, 5: 1.45, 7: 1.64},
+                      4: {0: 1.05, 1: 1.25, 2: 1.40, 3: 1.53, 5: 1.84, 7: 2.17}},
+            "eagle3": {1: {0: 1.22, 1: 1.34, 2: 1.47, 3: 1.56, 5: 1.84, 7: 2.06},
+                       4: {0: 1.16, 1: 1.47, 2: 1.74, 3: 2.01, 5: 2.43, 7: 2.81}}},
+}
 
 
 def _interp(points: dict[int, float], x: float) -> float:
@@ -115,10 +124,12 @@ class CostTable:
     return [self.verify_cost(b, 1 + d) + self.draft_cost(b, n) for d, n in zip(lengths, drafted)]
 
   @classmethod
-  def default(cls, backend: str | None = None) -> "CostTable":
+  def default(cls, backend: str | None = None, method: str | None = None) -> "CostTable":
     backend = backend or jax.default_backend()
     table = DEFAULT_VERIFY_COST.get(backend, DEFAULT_VERIFY_COST["gpu"])
-    return cls(verify=table, source=f"built-in defaults for {backend}")
+    rounds = DEFAULT_ROUND_COST.get(backend, {})
+    return cls(verify=table, round=rounds.get(method, rounds.get("ngram", {})),
+               source=f"built-in defaults for {backend}")
 
   def to_dict(self) -> dict:
     conv = lambda t: {str(b): {str(k): c for k, c in r.items()} for b, r in t.items()}

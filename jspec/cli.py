@@ -417,8 +417,8 @@ def _parse(argv) -> argparse.Namespace:
                  help="speculative drafter; with one, plain decoding also runs for the speedup")
   g.add_argument("--num-draft", default="3",
                  help="draft tokens per round (D), or 'auto': each round verifies 0-7 drafts, "
-                 "chosen from the acceptance so far and the verify cost (not the default: on "
-                 "these CPUs it does not beat a fixed D yet, benchmarks/REPORT.md)")
+                 "chosen from the acceptance so far and the measured round costs (not the "
+                 "default: on short replies it loses to D = 3, benchmarks/REPORT.md)")
   g.add_argument("--prediction", default=None, metavar="FILE",
                  help="text file with the expected output (e.g. the code being edited): "
                  "speculate from it (predicted outputs; implies --drafter prediction)")

@@ -56,7 +56,7 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
                                        draft_model=draft_model)
   if not config.adaptive:
     return drafter, params
-  costs = cost_table or CostTable.default()
+  costs = cost_table or CostTable.default(method=config.method)
   wrapped = AdaptiveDrafter(drafter, config.draft_lengths, tuple(sorted(costs.verify)))
   return wrapped, wrapped.make_params(params, costs)
 
