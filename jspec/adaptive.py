@@ -2,10 +2,10 @@
 
 `AdaptiveDrafter` wraps any chain drafter built for D_max = max(lengths). Every round it picks a
 verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5, 7; 0 is a plain
-decode step) and verifies with `lax.switch`, so nothing recompiles when the choice changes. A model-free
-drafter drafts D_max tokens first (its proposal count per row enters the choice); a serial model
-drafter (`variable_length`: EAGLE-3, draft models) is asked for only min(D_k + 1, D_max) tokens, the
-one past the verified ones keeping the estimate of the next position learning:
+decode step) and verifies with `lax.switch`, so nothing recompiles when the choice changes. A
+model-free drafter drafts D_max tokens first (its proposal count per row enters the choice); a
+serial model drafter (`variable_length`: EAGLE-3, draft models) is asked for only min(D_k + 1,
+D_max) tokens, the one past the verified ones keeping the estimate of the next position learning:
 
   AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
   k*        = argmax_k  mean_b(AL_b(D_k)) / cost_k                 (live rows b)
@@ -16,8 +16,9 @@ positions before it were: an exponentially weighted average of what *earlier* ro
 token equal to the next draft token counts as that position's outcome, which is how a width-1 round
 keeps learning a_1; for a drafter that samples its drafts this undercounts a little). The estimates
 start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`), else
-0.5. cost_k = (T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) comes from a `CostTable`
-(measured by `jspec plan`, or the built-in defaults below). The choice depends on the
+0.5. cost_k is the measured cost of a whole round verifying D_k in plain decode steps (`CostTable.
+round`, from `jspec plan` or the built-in CPU defaults below), or where no round was measured
+(T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1). The choice depends on the
 committed context and earlier rounds only, never on this round's verification, so each round is an
 ordinary rejection-sampling round over a chain of D_k drafts: lossless for every choice.
 """

@@ -127,7 +127,8 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
     def spec(d):
       sd.drafter_params = forced[d]
       o = sd.generate(ids, max_new_tokens=max_new_tokens, eos=False, pad_to=pad)
-      assert o.verified_lengths[d] == o.steps, (d, o.verified_lengths)
+      if o.verified_lengths[d] != o.steps:
+        raise RuntimeError(f"the round forced to D={d} verified {o.verified_lengths}")
       return o.decode_s / max(o.steps, 1)
 
     def step():
