@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels.moe_gemm import kernel
+from pallas_kernels.moe_gemm import kernel_gpu as kernel
 from pallas_kernels.moe_gemm.reference import gmm_reference
 from pallas_kernels.timing import call_ms
 

@@ -1,5 +1,6 @@
-"""Public verification-attention ops: validate inputs, then run the Pallas kernel (GPU by default)
-or the jnp reference (CPU/TPU by default, or where the kernel cannot serve the shapes)."""
+"""Public verification-attention ops: validate inputs, then run the backend's Pallas kernel (the
+Triton-style kernel on GPU, the Mosaic-TPU kernel on TPU) or the jnp reference (elsewhere, or where
+the kernel cannot serve the shapes)."""
 
 from __future__ import annotations
 
@@ -8,30 +9,39 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.verify_attention import kernel as kern
-from pallas_kernels.verify_attention.paged import (paged_verify_attention_kernel,
-                                                   paged_verify_attention_reference)
-from pallas_kernels.verify_attention.reference import verify_attention_reference
+from pallas_kernels.verify_attention import kernel_gpu as kern
+from pallas_kernels.verify_attention import kernel_tpu
+from pallas_kernels.verify_attention.paged_gpu import paged_verify_attention_kernel
+from pallas_kernels.verify_attention.reference import (paged_verify_attention_reference,
+                                                      verify_attention_reference)
 
-IMPLS = ("auto", "pallas", "reference")
+IMPLS = ("auto", "pallas", "pallas_gpu", "pallas_tpu", "reference")
 TARGET_PROGRAMS = 132        # streaming multiprocessors on an H100 / H200: programs to keep busy
 MIN_BLOCKS_PER_SPLIT = 4     # a split shorter than this costs more in the combine than it saves
 
 
 def choose_impl(impl: str, *, head_dim: int, dtype) -> str:
-  """Resolves `impl` to "pallas" or "reference" (static: from the backend and the shapes only).
-  "auto" takes the kernel on GPU, the reference elsewhere and where the kernel cannot serve."""
+  """Resolves `impl` to "pallas_gpu", "pallas_tpu" or "reference" (static: from the backend and the
+  shapes only). "auto" takes the backend's kernel on GPU and TPU, the reference elsewhere and where
+  the kernel cannot serve; "pallas" is the backend's kernel (the TPU kernel on TPU, else the GPU
+  kernel, in interpret mode off the GPU)."""
   if impl not in IMPLS:
     raise ValueError(f"verify_attention impl must be one of {IMPLS}, got {impl!r}")
+  backend = jax.default_backend()
+  if impl == "pallas":
+    return "pallas_tpu" if backend == "tpu" else "pallas_gpu"
   if impl != "auto":
     return impl
-  if jax.default_backend() != "gpu":
+  if backend == "gpu":
+    reason = kern.unsupported(head_dim, dtype)
+  elif backend == "tpu":
+    reason = kernel_tpu.unsupported(dtype)
+  else:
     return "reference"
-  reason = kern.unsupported(head_dim, dtype)
   if reason is not None:
     warnings.warn(f"verify_attention: falling back to the jnp reference for {reason}")
     return "reference"
-  return "pallas"
+  return f"pallas_{backend}"
 
 
 def default_block_k(head_dim: int, dtype, block_q: int, num_stages: int) -> int:
@@ -74,6 +84,10 @@ def _check_inputs(q, k, v, lengths, tree_mask, kv_len: int) -> None:
     raise ValueError(f"need T >= 1 new tokens and a KV capacity >= 1, got T={t}, S={kv_len}")
 
 
+def _interpret_tpu(interpret: bool | None) -> bool:
+  return jax.default_backend() != "tpu" if interpret is None else interpret
+
+
 def kernel_options(q, kvh: int, kv_len: int, block_k, block_q, num_splits, num_stages,
                    interpret) -> dict:
   """The kernel's static options, defaults filled in from the shapes and the backend."""
@@ -99,19 +113,29 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
   (slots past S were dropped); lengths [B] committed prefix per row; tree_mask [B, T, T] bool, which
   new tokens each new token sees (None = causal). Returns [B, T, Hq, Dh] in q.dtype.
 
-  impl: "auto" (kernel on GPU, reference elsewhere), "pallas" or "reference".
+  impl: "auto" (the backend's kernel on GPU and TPU, reference elsewhere), "pallas" (the backend's
+    kernel), "pallas_gpu", "pallas_tpu" or "reference".
   mask: the [B, T, S] `reference.attention_mask` when the caller already has it (one per forward,
     shared by the layers); only the reference uses it. It must agree with lengths and tree_mask.
-  interpret: run the kernel in Pallas interpret mode (default: off the GPU).
-  block_k / block_q / num_splits / num_stages: kernel tiling (defaults from the shapes); the kernel
-    runs q in k's dtype, and gives zeros (not NaN) to a row that sees no key.
+  interpret: run the kernel in Pallas interpret mode (default: off the kernel's own backend; the TPU
+    kernel then runs under `pltpu.InterpretParams`).
+  block_k / block_q / num_splits / num_stages: kernel tiling (defaults from the shapes; num_stages
+    is GPU-only); the kernel runs q in k's dtype, and gives zeros (not NaN) to a row that sees no
+    key.
   """
   _check_inputs(q, k, v, lengths, tree_mask, k.shape[1])
   if mask is not None and mask.shape != (q.shape[0], q.shape[1], k.shape[1]):
     raise ValueError(f"mask must be [B, T, S] = {(q.shape[0], q.shape[1], k.shape[1])}, "
                      f"got {mask.shape}")
-  if choose_impl(impl, head_dim=q.shape[3], dtype=k.dtype) == "reference":
+  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k.dtype)
+  if chosen == "reference":
     return verify_attention_reference(q, k, v, lengths, tree_mask, mask=mask)
+  if chosen == "pallas_tpu":
+    out = kernel_tpu.verify_attention_kernel(
+        q.astype(k.dtype), k, v, lengths, tree_mask, block_k=block_k, block_q=block_q,
+        num_splits=1 if num_splits is None else num_splits,
+        interpret=_interpret_tpu(interpret))
+    return out.astype(q.dtype)
   options = kernel_options(q, k.shape[2], k.shape[1], block_k, block_q, num_splits, num_stages,
                            interpret)
   out = kern.verify_attention_kernel(q.astype(k.dtype), k, v, lengths, tree_mask, **options)
@@ -132,8 +156,18 @@ def paged_verify_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                      f"{q.shape[0]}, got {block_tables.dtype}{list(block_tables.shape)}")
   capacity = block_tables.shape[1] * k_pages.shape[1]
   _check_inputs(q, k_pages, v_pages, lengths, tree_mask, capacity)
-  if choose_impl(impl, head_dim=q.shape[3], dtype=k_pages.dtype) == "reference":
+  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k_pages.dtype)
+  if chosen == "reference":
     return paged_verify_attention_reference(q, k_pages, v_pages, block_tables, lengths, tree_mask)
+  if chosen == "pallas_tpu":
+    if block_k not in (None, k_pages.shape[1]):
+      raise ValueError(f"the TPU paged kernel reads one page per KV block: block_k must be None or "
+                       f"the page size {k_pages.shape[1]}, got {block_k}")
+    out = kernel_tpu.paged_verify_attention_kernel(
+        q.astype(k_pages.dtype), k_pages, v_pages, block_tables, lengths, tree_mask,
+        block_q=block_q, num_splits=1 if num_splits is None else num_splits,
+        interpret=_interpret_tpu(interpret))
+    return out.astype(q.dtype)
   options = kernel_options(q, k_pages.shape[2], capacity, block_k, block_q, num_splits,
                            num_stages, interpret)
   out = paged_verify_attention_kernel(q.astype(k_pages.dtype), k_pages, v_pages, block_tables,

@@ -65,3 +65,16 @@ def attend_unwritten(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengt
   inside = jnp.tril(jnp.ones((t, t), bool)) if tree_mask is None else tree_mask
   mask = jnp.concatenate([prefix, jnp.broadcast_to(inside, (b, t, t))], axis=2)  # [B, T, S+T]
   return attend(q, k, v, mask)
+
+
+def gather_pages(pages: jax.Array, block_tables: jax.Array) -> jax.Array:
+  """Pages [P, page_size, KVH, Dh], tables [B, N] -> contiguous [B, N * page_size, KVH, Dh]."""
+  b, n = block_tables.shape
+  _, page_size, kvh, dh = pages.shape
+  return pages[block_tables].reshape(b, n * page_size, kvh, dh)
+
+
+def paged_verify_attention_reference(q, k_pages, v_pages, block_tables, lengths, tree_mask=None):
+  """q [B, T, Hq, Dh] -> [B, T, Hq, Dh]; the contiguous reference over the gathered pages."""
+  return verify_attention_reference(q, gather_pages(k_pages, block_tables),
+                                    gather_pages(v_pages, block_tables), lengths, tree_mask)

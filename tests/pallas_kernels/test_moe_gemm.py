@@ -1,5 +1,6 @@
-"""Grouped GEMM: the Pallas kernel (interpret mode) against lax.ragged_dot, forward and gradients;
-the visit metadata, the tgmm oracle, GPU tiling checks, api validation and the quick bench."""
+"""Grouped GEMM: the GPU Pallas kernel and jax's megablox TPU kernel (interpret mode off their
+device) against lax.ragged_dot, forward and gradients; the visit metadata, the tgmm oracle, GPU and
+TPU tiling checks, lowering to Mosaic-TPU, api validation and the quick bench."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pallas_kernels.moe_gemm import api, bench, kernel, reference
+from pallas_kernels.moe_gemm import api, bench, reference
+from pallas_kernels.moe_gemm import kernel_gpu as kernel
+from pallas_kernels.moe_gemm import kernel_tpu
 
 INTERPRET = jax.default_backend() != "gpu"   # the compiled kernels on a GPU, else interpret mode
 
@@ -171,9 +174,14 @@ def test_api_validation_errors():
       api.gmm(*args, **kwargs)
 
 
-def test_auto_picks_kernel_only_on_gpu():
-  assert api.resolve_impl("auto") == ("pallas" if jax.default_backend() == "gpu" else "reference")
-  assert api.resolve_impl("reference") == "reference"
+def test_auto_picks_the_backends_kernel(monkeypatch):
+  for backend, auto, pallas in (("cpu", "reference", "pallas_gpu"),
+                                ("gpu", "pallas_gpu", "pallas_gpu"),
+                                ("tpu", "pallas_tpu", "pallas_tpu")):
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    assert api.resolve_impl("auto") == auto and api.resolve_impl("pallas") == pallas
+    assert api.resolve_impl("reference") == "reference"
+    assert api.resolve_impl("pallas_tpu") == "pallas_tpu"
 
 
 def test_quick_bench_runs_and_agrees():
@@ -185,3 +193,78 @@ def test_quick_bench_runs_and_agrees():
     assert r["kernel_ms"] > 0 and r["ragged_dot_ms"] > 0
     assert r["max_rel_err"] < (1e-5 if r["dtype"] == "float32" else 1e-2)
     assert r["speedup_vs_ragged_dot"] == pytest.approx(r["ragged_dot_ms"] / r["kernel_ms"])
+
+
+# --- jax's megablox kernel on TPU, under the same contract, run by the TPU interpreter here.
+INTERPRET_TPU = jax.default_backend() != "tpu"
+
+
+def tpu_gmm(lhs, rhs, gs, tiling=None):
+  return api.gmm(lhs, rhs, gs, impl="pallas_tpu", interpret=INTERPRET_TPU, tiling=tiling)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_tpu_forward_fp32_matches_ragged_dot(name):
+  lhs, rhs, gs = _problem(*PATTERNS[name])
+  out = tpu_gmm(lhs, rhs, gs)     # default tiles: K, N narrower than 128 lanes, taken whole
+  np.testing.assert_allclose(out, reference.gmm_reference(lhs, rhs, gs), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(out[sum(PATTERNS[name][0]):], 0.0)   # megablox leaves them unset
+
+
+def test_tpu_forward_bf16_and_irregular_tiles():
+  sizes, m = [40, 0, 100, 7, 3], 160
+  rng = np.random.default_rng(3)
+  lhs = jnp.asarray(rng.standard_normal((m, 200)), jnp.bfloat16)       # K = 200: 128 + 72
+  rhs = jnp.asarray(rng.standard_normal((5, 200, 136)) / 8, jnp.bfloat16)
+  gs = jnp.asarray(sizes, jnp.int32)
+  out = tpu_gmm(lhs, rhs, gs, tiling=(32, 128, 128))                  # 5 row tiles, N = 128 + 8
+  assert out.dtype == jnp.bfloat16
+  ref = reference.gmm_reference(lhs, rhs, gs, preferred_element_type=jnp.float32)
+  np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=2 ** -8, atol=1e-3)
+  np.testing.assert_array_equal(np.asarray(out[sum(sizes):], np.float32), 0.0)
+
+
+@pytest.mark.parametrize("name", ["mixed_with_empty", "straddle_many", "heavy_padding"])
+def test_tpu_gradients_match_ragged_dot_and_ignore_padding_cotangents(name):
+  lhs, rhs, gs = _problem(*PATTERNS[name])
+  total = sum(PATTERNS[name][0])
+  cot = np.random.default_rng(1).standard_normal((lhs.shape[0], N)).astype(np.float32)
+  cot[total:] = np.inf     # whatever reaches the padding rows must not leak into a gradient
+  cot = jnp.asarray(cot)
+  loss = lambda matmul: lambda a, b: jnp.sum(jnp.where(jnp.isinf(cot), 0, matmul(a, b, gs) * cot))
+  d_lhs, d_rhs = jax.grad(loss(tpu_gmm), argnums=(0, 1))(lhs, rhs)
+  r_lhs, r_rhs = jax.grad(loss(reference.gmm_reference), argnums=(0, 1))(lhs, rhs)
+  np.testing.assert_allclose(d_lhs, r_lhs, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(d_rhs, r_rhs, rtol=1e-5, atol=1e-5)
+  # The raw VJP with inf cotangents on the padding rows: finite weight gradients, zero d_lhs there.
+  _, vjp = jax.vjp(lambda a, b: tpu_gmm(a, b, gs), lhs, rhs)
+  v_lhs, v_rhs = vjp(cot)
+  assert np.isfinite(np.asarray(v_rhs)).all()
+  np.testing.assert_array_equal(np.asarray(v_lhs[total:]), 0.0)
+  np.testing.assert_allclose(v_rhs, r_rhs, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tiling,dtype,match", [
+    ((12, 24, 40), jnp.float32, "tm=12 must be a multiple of 8"),
+    ((8, 24, 40), jnp.bfloat16, "tm=8 must be a multiple of 16"),
+    ((8, 16, 40), jnp.float32, "tk=16 must be a multiple of 128"),
+    ((8, 24, 64), jnp.float32, "tn=64 must be a multiple of 128"),
+    ((8, 24), jnp.float32, "tuple of positive ints"),
+    (None, jnp.float16, "float32/bfloat16"),
+])
+def test_tpu_rejects_tilings_a_tpu_cannot_run(tiling, dtype, match):
+  lhs, rhs, gs = _problem(*PATTERNS["one_group"], dtype=dtype)
+  with pytest.raises(ValueError, match=match):
+    tpu_gmm(lhs, rhs, gs, tiling=tiling)
+  with pytest.raises(ValueError, match="takes tiling=\\(tm, tk, tn\\)"):
+    tpu_gmm(lhs, rhs, gs, tiling=TILE16)
+
+
+def test_tpu_forward_and_backward_lower_to_mosaic():
+  spec = jax.ShapeDtypeStruct
+  args = (spec((256, 576), jnp.bfloat16), spec((8, 576, 1536), jnp.bfloat16),
+          spec((8,), jnp.int32))
+  loss = lambda a, b, g: kernel_tpu.gmm(a, b, g, interpret=False).sum()   # (api: needs a TPU)
+  text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(*args).lower(
+      lowering_platforms=("tpu",)).as_text()
+  assert text.count("tpu_custom_call") == 3     # gmm, then gmm (d_lhs) and tgmm (d_rhs)

@@ -1,5 +1,7 @@
-"""verify_attention: reference vs a per-row numpy oracle, the Pallas kernel (interpret mode) vs the
-reference, split-KV, paged vs contiguous, constraint errors, the Llama forward on both paths."""
+"""verify_attention: reference vs a per-row numpy oracle; the GPU (Triton-style) and TPU (Mosaic)
+Pallas kernels vs the reference, in interpret mode off their device (the TPU kernel under
+`pltpu.InterpretParams`); split-KV, paged vs contiguous, layout-rule errors, lowering to Triton and
+to Mosaic-TPU, the Llama forward and a speculative generate on every path."""
 
 from __future__ import annotations
 
@@ -223,14 +225,21 @@ def test_api_validates_inputs():
     Llama(LlamaConfig.tiny(), attention_impl="fast")
 
 
-def test_auto_takes_the_kernel_on_gpu_only_and_falls_back_with_a_warning(monkeypatch):
+def test_auto_takes_the_backends_kernel_and_falls_back_with_a_warning(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "reference"
+  assert choose_impl("pallas", head_dim=64, dtype=jnp.bfloat16) == "pallas_gpu"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "pallas"
+  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "pallas_gpu"
   assert choose_impl("reference", head_dim=64, dtype=jnp.bfloat16) == "reference"
   with pytest.warns(UserWarning, match="head_dim 80"):
     assert choose_impl("auto", head_dim=80, dtype=jnp.bfloat16) == "reference"
+  monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+  assert choose_impl("auto", head_dim=80, dtype=jnp.bfloat16) == "pallas_tpu"   # any head_dim
+  assert choose_impl("pallas", head_dim=64, dtype=jnp.float32) == "pallas_tpu"
+  assert choose_impl("pallas_gpu", head_dim=64, dtype=jnp.float32) == "pallas_gpu"
+  with pytest.warns(UserWarning, match="float16"):
+    assert choose_impl("auto", head_dim=64, dtype=jnp.float16) == "reference"
 
 
 def test_llama_forward_is_the_same_on_the_kernel_path():
@@ -238,7 +247,7 @@ def test_llama_forward_is_the_same_on_the_kernel_path():
   prompt = jnp.asarray([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
   tree = jnp.asarray([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]] * 2, bool)   # two siblings of token 0
   runs = []
-  for impl in ("reference", "pallas"):
+  for impl in ("reference", "pallas_gpu", "pallas_tpu"):   # kernels in interpret mode off-device
     graphdef, state = nnx.split(Llama(cfg, rngs=nnx.Rngs(4), attention_impl=impl))
     forward = jax.jit(lambda state, ids, cache, **kw: nnx.merge(graphdef, state)(ids, cache, **kw))
     prefill = forward(state, prompt, KVCache.init(cfg, 2, 16), num_new=jnp.asarray([5, 3]))
@@ -246,7 +255,7 @@ def test_llama_forward_is_the_same_on_the_kernel_path():
     verify = forward(state, jnp.asarray([[1, 2, 3], [4, 5, 6]]), prefill.cache, tree_mask=tree,
                      positions=positions)
     runs.append((prefill, verify))
-  for ref, pal in zip(*runs):
+  for ref, pal in [*zip(runs[0], runs[1]), *zip(runs[0], runs[2])]:
     np.testing.assert_allclose(np.asarray(pal.logits), np.asarray(ref.logits), atol=1e-5)
     for a, b in zip(ref.cache.k + ref.cache.v, pal.cache.k + pal.cache.v):
       np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
@@ -263,3 +272,121 @@ def test_bench_quick_writes_json(tmp_path):
   assert rows and {r["impl"] for r in rows} == {"pallas", "reference"}
   for r in rows:
     assert r["median_ms"] > 0 and r["hbm_gb_per_s"] > 0 and r["max_abs_err"] < 2e-2
+
+
+# --- The Mosaic-TPU kernel, run by the TPU interpreter on this CPU (the GPU kernel's cases, TPU
+# tiles: block_k a multiple of 128 or the whole cache, block_q on the sublane tile).
+INTERPRET_TPU = jax.default_backend() != "tpu"
+
+# (B, T, G, KVH, S, Dh, lengths, tree, dtype, block_k, block_q, num_splits)
+TPU_CASES = [
+    (2, 1, 1, 2, 300, 16, [0, 267], False, jnp.float32, 128, None, 1),   # T=1, partial last block
+    (2, 3, 4, 2, 300, 32, [137, 299], True, jnp.float32, 128, None, 1),  # tree; 300, 301 dropped
+    (1, 5, 8, 1, 256, 16, [129], False, jnp.bfloat16, 128, None, 1),
+    (1, 4, 8, 1, 512, 16, [405], True, jnp.bfloat16, 128, None, 3),      # split-KV, uneven shares
+    (1, 40, 4, 1, 80, 16, [3], False, jnp.float32, 80, 64, 1),           # 160 rows: three row tiles
+    (2, 2, 4, 3, 64, 64, [0, 61], False, jnp.float32, None, None, 1),    # the default model's heads
+]
+
+
+@pytest.mark.parametrize("b,t,g,kvh,s,dh,lengths,tree,dtype,block_k,block_q,num_splits", TPU_CASES)
+def test_tpu_kernel_matches_reference(b, t, g, kvh, s, dh, lengths, tree, dtype, block_k, block_q,
+                                      num_splits):
+  q, k, v, lengths, tm = make_inputs(b, t, g * kvh, kvh, s, dh, lengths, dtype=dtype, tree=tree)
+  out = verify_attention(q, k, v, lengths, tm, impl="pallas_tpu", interpret=INTERPRET_TPU,
+                         block_k=block_k, block_q=block_q, num_splits=num_splits)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  assert_close(out, reference(q, k, v, lengths, tm), dtype)
+
+
+def test_tpu_split_kv_equals_no_split_and_a_row_that_sees_nothing_gets_zeros():
+  q, k, v, lengths, tm = make_inputs(2, 3, 8, 2, 640, 16, [601, 9], tree=True, seed=1)
+  run = lambda n: verify_attention(q, k, v, lengths, tm, impl="pallas_tpu",
+                                   interpret=INTERPRET_TPU, block_k=128, num_splits=n)
+  split = run(3)     # row 1 has one block: two of its splits get none
+  np.testing.assert_allclose(np.asarray(split), np.asarray(run(1)), atol=1e-6)
+  assert_close(split, reference(q, k, v, lengths, tm), jnp.float32)
+  q, k, v, _, _ = make_inputs(1, 2, 2, 1, 16, 16, [0])
+  tm = jnp.asarray([[[False, False], [True, True]]])
+  out = verify_attention(q, k, v, jnp.asarray([0]), tm, impl="pallas_tpu", interpret=INTERPRET_TPU)
+  np.testing.assert_array_equal(np.asarray(out[0, 0]), 0.0)
+  assert_close(out[0, 1], reference(q, k, v, jnp.asarray([0]), tm)[0, 1], jnp.float32)
+
+
+# (T, G, page_size, lengths, tree, dtype, num_splits)
+@pytest.mark.parametrize("t,g,page_size,lengths,tree,dtype,num_splits", [
+    (1, 4, 8, [13, 0], False, jnp.float32, 1),
+    (3, 2, 16, [46, 61], True, jnp.float32, 2),    # row 1: slots 64, 65 dropped
+    (4, 8, 16, [30, 3], True, jnp.bfloat16, 1),
+])
+def test_tpu_paged_equals_contiguous(t, g, page_size, lengths, tree, dtype, num_splits):
+  q, k, v, lengths, tm = make_inputs(2, t, 2 * g, 2, 64, 16, lengths, tree=tree, seed=2,
+                                     dtype=dtype)
+  (k_pages, tables), (v_pages, _) = to_pages(k, page_size, 0), to_pages(v, page_size, 0)
+  out = paged_verify_attention(q, k_pages, v_pages, tables, lengths, tm, impl="pallas_tpu",
+                               interpret=INTERPRET_TPU, num_splits=num_splits)
+  assert_close(out, reference(q, k, v, lengths, tm), dtype)
+
+
+@pytest.mark.parametrize("kwargs,shape,dtype,match", [
+    (dict(block_q=12), None, jnp.float32, "block_q must be a positive multiple of 8"),
+    (dict(block_q=8), None, jnp.bfloat16, "block_q must be a positive multiple of 16"),
+    (dict(block_k=100), None, jnp.float32, "block_k must be a positive multiple of 128"),
+    (dict(num_splits=0), None, jnp.float32, "num_splits must be >= 1"),
+    (dict(), None, jnp.float16, "cast to bfloat16"),
+    (dict(block_k=2048, block_q=256), (1, 64, 4, 1, 4096, 256), jnp.float32, "VMEM"),
+])
+def test_tpu_kernel_rejects_layouts_a_tpu_cannot_run(kwargs, shape, dtype, match):
+  b, t, hq, kvh, s, dh = shape or (1, 2, 4, 2, 256, 16)
+  spec = jax.ShapeDtypeStruct   # shapes only: the checks run before any work
+  q, kv = spec((b, t, hq, dh), dtype), spec((b, s, kvh, dh), dtype)
+  fn = functools.partial(verify_attention, impl="pallas_tpu", interpret=True, **kwargs)
+  with pytest.raises(ValueError, match=match):
+    jax.eval_shape(fn, q, kv, kv, spec((b,), jnp.int32))
+
+
+def test_tpu_paged_kernel_rejects_pages_off_the_sublane_tile():
+  q, k, v, lengths, _ = make_inputs(1, 1, 2, 1, 24, 16, [5], dtype=jnp.bfloat16)
+  pages = k.reshape(3, 8, 1, 16)
+  with pytest.raises(ValueError, match="page_size must be a multiple of 16 for bfloat16"):
+    paged_verify_attention(q, pages, pages, jnp.asarray([[0, 1, 2]]), lengths, impl="pallas_tpu",
+                           interpret=True)
+  with pytest.raises(ValueError, match="block_k must be None or the page size 8"):
+    paged_verify_attention(q.astype(jnp.float32), pages.astype(jnp.float32),
+                           pages.astype(jnp.float32), jnp.asarray([[0, 1, 2]]), lengths,
+                           impl="pallas_tpu", interpret=True, block_k=16)
+
+
+# Lowering for TPU runs Pallas' Mosaic lowering (the block-shape rule, op support) without a TPU.
+@pytest.mark.parametrize("paged,t,g,kvh,dh,dtype,tree,num_splits", [
+    (False, 4, 3, 3, 64, jnp.float32, False, 1),      # the default model's attention shape
+    (False, 5, 4, 2, 128, jnp.bfloat16, True, 2),
+    (True, 3, 4, 2, 128, jnp.bfloat16, True, 2),
+    (True, 1, 8, 1, 64, jnp.float32, False, 1),
+])
+def test_tpu_kernel_lowers_to_mosaic(paged, t, g, kvh, dh, dtype, tree, num_splits):
+  b = 2
+  spec = jax.ShapeDtypeStruct
+  q = spec((b, t, g * kvh, dh), dtype)
+  args = (spec((b,), jnp.int32), spec((b, t, t), jnp.bool_) if tree else None)
+  kw = dict(impl="pallas_tpu", interpret=False, num_splits=num_splits)
+  if paged:
+    pages = spec((40, 128, kvh, dh), dtype)
+    traced = jax.jit(functools.partial(paged_verify_attention, **kw)).trace(
+        q, pages, pages, spec((b, 9), jnp.int32), *args)
+  else:
+    kv = spec((b, 1000, kvh, dh), dtype)
+    traced = jax.jit(functools.partial(verify_attention, **kw)).trace(q, kv, kv, *args)
+  assert traced.lower(lowering_platforms=("tpu",)).as_text().count("tpu_custom_call") == 1
+
+
+def test_speculative_generate_on_the_tpu_kernel_equals_plain_decoding():
+  from jspec import Decoder, SpecDecoder
+  model = Llama(LlamaConfig.tiny(), rngs=nnx.Rngs(5), attention_impl="pallas_tpu")
+  prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 3, 9, 3, 9, 3, 9]]   # repeats: n-gram drafts land
+  kw = dict(max_new_tokens=12, temperature=0.0, eos=False)
+  config = {"method": "ngram", "num_speculative_tokens": 3}
+  spec = SpecDecoder(model, config).generate(prompts, **kw)
+  plain = Decoder(model).generate(prompts, **kw)
+  assert spec.token_ids == plain.token_ids
+  assert spec.rounds < 2 * 11      # drafts were accepted: multi-token verify blocks ran (2 rows)

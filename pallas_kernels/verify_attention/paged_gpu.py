@@ -10,21 +10,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.verify_attention import kernel as kern
-from pallas_kernels.verify_attention.reference import verify_attention_reference
+from pallas_kernels.verify_attention import kernel_gpu as kern
+from pallas_kernels.verify_attention.packing import pack_queries, pack_tree_mask, unpack_output
 
 
-def gather_pages(pages: jax.Array, block_tables: jax.Array) -> jax.Array:
-  """Pages [P, page_size, KVH, Dh], tables [B, N] -> contiguous [B, N * page_size, KVH, Dh]."""
-  b, n = block_tables.shape
-  _, page_size, kvh, dh = pages.shape
-  return pages[block_tables].reshape(b, n * page_size, kvh, dh)
 
 
-def paged_verify_attention_reference(q, k_pages, v_pages, block_tables, lengths, tree_mask=None):
-  """q [B, T, Hq, Dh] -> [B, T, Hq, Dh]; the contiguous reference over the gathered pages."""
-  return verify_attention_reference(q, gather_pages(k_pages, block_tables),
-                                    gather_pages(v_pages, block_tables), lengths, tree_mask)
 
 
 def _paged_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, *refs, tree: bool, split_kv: bool,
@@ -91,7 +82,7 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
   # Whole blocks of table entries, every entry a real page (the padding is never attended).
   tables = jnp.clip(block_tables.astype(jnp.int32), 0, num_pages - 1)
   tables = jnp.pad(tables, ((0, 0), (0, -tables.shape[1] % pages_per_block)))
-  qp = kern.pack_queries(q, kvh, block_q)                               # [B, KVH, R, Dh]
+  qp = pack_queries(q, kvh, block_q)                               # [B, KVH, R, Dh]
   rows = qp.shape[2]
   grid = (b, kvh, rows // block_q, num_splits)
   page_spec = pl.BlockSpec((num_pages, page_size, None, dh), lambda i, h, r, s: (0, 0, h, 0))
@@ -102,7 +93,7 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
   args = [lengths.astype(jnp.int32), tables, qp, k_pages, v_pages]
   if tree_mask is not None:
     in_specs.append(pl.BlockSpec((None, block_q, tree_cols), lambda i, h, r, s: (i, r, 0)))
-    args.append(kern.pack_tree_mask(tree_mask, group, rows, tree_cols))
+    args.append(pack_tree_mask(tree_mask, group, rows, tree_cols))
   out_shape, out_specs = kern.out_shapes(b, kvh, rows, dh, block_q, num_splits, q.dtype)
   kernel = functools.partial(
       _paged_kernel, tree=tree_mask is not None, split_kv=num_splits > 1, capacity=capacity,
@@ -114,4 +105,4 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
       interpret=interpret, name=f"paged_verify_attention_bq{block_q}_bk{block_k}_s{num_splits}",
   )(*args)
   o, lse = out if num_splits > 1 else (out, None)
-  return kern.unpack_output(o, lse, q.shape, q.dtype)
+  return unpack_output(o, lse, q.shape, q.dtype)

@@ -269,5 +269,6 @@ def tgmm(lhs: jax.Array, grad: jax.Array, group_sizes: jax.Array, *, tiling: Til
   """lhs [M, K], grad [M, N], group_sizes [E] -> [E, K, N] in lhs.dtype (weight gradient of gmm)."""
   if tiling is None:
     tiling = default_tiling(*lhs.shape, grad.shape[1])
-    tiling = tiling.fit_stages(lhs.dtype.itemsize, tiling.block_m * (tiling.block_k + tiling.block_n))
+    tiling = tiling.fit_stages(lhs.dtype.itemsize,
+                               tiling.block_m * (tiling.block_k + tiling.block_n))
   return _tgmm_call(lhs, grad, group_sizes.astype(jnp.int32), tiling, interpret)

@@ -13,6 +13,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from pallas_kernels.verify_attention.packing import pack_queries, pack_tree_mask, unpack_output
+
 SMEM_BUDGET = 227 * 1024   # bytes of shared memory one block may use on H100 / H200
 MAX_BLOCK_Q = 128          # query rows per tile; more rows get more tiles
 MIN_DOT = 16               # Triton's tl.dot needs every dimension >= 16
@@ -177,35 +179,10 @@ def _contiguous_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, tree: bool, spli
               fetch_new=fetch_new, **static)
 
 
-def pack_queries(q: jax.Array, kvh: int, block_q: int) -> jax.Array:
-  """[B, T, Hq, Dh] -> [B, KVH, tiles * block_q, Dh], row r = token r // G, group head r % G."""
-  b, t, hq, dh = q.shape
-  g = hq // kvh
-  qp = q.reshape(b, t, kvh, g, dh).transpose(0, 2, 1, 3, 4).reshape(b, kvh, t * g, dh)
-  pad = -(t * g) % block_q
-  return jnp.pad(qp, ((0, 0), (0, 0), (0, pad), (0, 0)))
 
 
-def pack_tree_mask(tree_mask: jax.Array, group: int, rows: int, cols: int) -> jax.Array:
-  """[B, T, T] bool -> [B, rows, cols] int8 per packed query row (padding sees nothing)."""
-  b, t, _ = tree_mask.shape
-  tm = jnp.repeat(tree_mask.astype(jnp.int8), group, axis=1)      # [B, T*G, T]
-  return jnp.pad(tm, ((0, 0), (0, rows - t * group), (0, cols - t)))
 
 
-def unpack_output(out: jax.Array, lse: jax.Array | None, q_shape, dtype) -> jax.Array:
-  """Merges KV splits ([B, KVH, NS, R, Dh] normalised partials + [B, KVH, NS, R] log-sum-exp; or
-  [B, KVH, R, Dh] unsplit) and unpacks rows to [B, T, Hq, Dh]."""
-  b, t, hq, dh = q_shape
-  if lse is not None:
-    top = lse.max(axis=2, keepdims=True)
-    w = jnp.exp(lse - jnp.where(jnp.isfinite(top), top, 0.0))       # [B, KVH, NS, R]
-    den = w.sum(axis=2)
-    out = (w[..., None] * out).sum(axis=2) / jnp.where(den > 0, den, 1.0)[..., None]
-  kvh = out.shape[1]
-  g = hq // kvh
-  out = out[:, :, :t * g].reshape(b, kvh, t, g, dh).transpose(0, 2, 1, 3, 4)
-  return out.reshape(b, t, hq, dh).astype(dtype)
 
 
 def out_shapes(b: int, kvh: int, rows: int, dh: int, block_q: int, num_splits: int, dtype):
@@ -234,8 +211,8 @@ def verify_attention_kernel(q: jax.Array, k: jax.Array, v: jax.Array, lengths: j
   head r % G of the group), padded to a power of two; more than MAX_BLOCK_Q rows (prefill) take
   several tiles, so any T runs here. Each program walks its split's share of the committed prefix
   [0, lengths[b]) in block_k blocks, then (last split only) the T new keys at lengths[b] + u under
-  the causal or tree mask, and writes its rows normalised plus their log-sum-exp; `unpack_output`
-  merges the splits in jnp.
+  the causal or tree mask, and writes its rows normalised plus their log-sum-exp;
+  `packing.unpack_output` merges the splits in jnp.
   """
   b, t, hq, dh = q.shape
   kv_len, kvh = k.shape[1], k.shape[2]
