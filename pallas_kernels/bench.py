@@ -41,7 +41,8 @@ def run_attention(quick: bool = False, budget_s: float = 150.0) -> list[dict]:
   shape = QUICK if quick else FULL
   deadline = time.monotonic() + budget_s
   b, kvh, dh, dtype = shape["batch"], shape["kv_heads"], shape["head_dim"], shape["dtype"]
-  interpret = jax.default_backend() != "gpu"
+  backend = jax.default_backend()
+  interpret = backend not in ("gpu", "tpu")   # "pallas": the backend's kernel (TPU: Mosaic)
   rows = []
   kv = {}
   for kv_len in shape["kv_lens"]:
@@ -64,8 +65,12 @@ def run_attention(quick: bool = False, budget_s: float = 150.0) -> list[dict]:
     want = None
     impls = ("reference", "pallas") if num_splits is None else ("pallas",)
     for impl in impls:
-      options = {} if impl == "reference" else api.kernel_options(
-          q, kvh, kv_len, None, None, num_splits, 2, interpret)
+      if impl == "reference":
+        options = {}
+      elif backend == "tpu":
+        options = dict(num_splits=num_splits or 1, interpret=False)
+      else:
+        options = api.kernel_options(q, kvh, kv_len, None, None, num_splits, 2, interpret)
       fn = jax.jit(functools.partial(api.verify_attention, impl=impl, **options))
       out = fn(q, k, v, lengths).astype(jnp.float32)
       if want is None:
