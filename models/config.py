@@ -1,4 +1,5 @@
-"""Llama-family model configuration: one frozen dataclass covering Llama, SmolLM2, Qwen2 and Qwen3."""
+"""Llama-family model configuration: one frozen dataclass covering Llama, SmolLM2, Qwen2, Qwen3 and
+their mixture-of-experts variants (Qwen3-MoE, Qwen2-MoE, Mixtral)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,15 @@ class LlamaConfig:
   qk_norm: bool = False    # Qwen3: RMSNorm over head_dim on q and k before RoPE
   max_position: int = 4096
   arch: str = "llama"
+  # Mixture of experts (num_experts = 0: dense). Router: softmax over all experts, top-k, then the
+  # k weights renormalised to sum 1 when norm_topk_prob (Mixtral always; Qwen per checkpoint).
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_intermediate_size: int = 0
+  norm_topk_prob: bool = True
+  shared_expert_intermediate_size: int = 0   # Qwen2-MoE: a dense SwiGLU expert with a sigmoid gate
+  decoder_sparse_step: int = 1               # layer i is sparse when (i + 1) % step == 0 ...
+  mlp_only_layers: tuple[int, ...] = ()      # ... and i is not listed here
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -35,6 +45,17 @@ class LlamaConfig:
                        f"({self.num_kv_heads}) for grouped-query attention")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+    if self.num_experts:
+      if not 1 <= self.num_experts_per_tok <= self.num_experts:
+        raise ValueError(f"num_experts_per_tok must be in [1, num_experts={self.num_experts}], "
+                         f"got {self.num_experts_per_tok}")
+      if self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0:
+        raise ValueError("an MoE config needs moe_intermediate_size > 0 and decoder_sparse_step "
+                         f"> 0, got {self.moe_intermediate_size}, {self.decoder_sparse_step}")
+
+  def is_moe_layer(self, layer: int) -> bool:
+    return (self.num_experts > 0 and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0)
 
   @property
   def group_size(self) -> int:
@@ -43,8 +64,12 @@ class LlamaConfig:
   def num_params(self) -> int:
     h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
     qkv = h * self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
-    layer = qkv + self.num_heads * self.head_dim * h + 3 * h * i + 2 * h
-    return self.num_layers * layer + v * h * (1 if self.tie_embeddings else 2) + h
+    attn = qkv + self.num_heads * self.head_dim * h + 2 * h
+    shared = self.shared_expert_intermediate_size
+    moe = (self.num_experts * (3 * h * self.moe_intermediate_size + h)
+           + 3 * h * shared + h * bool(shared))
+    mlps = sum(moe if self.is_moe_layer(n) else 3 * h * i for n in range(self.num_layers))
+    return self.num_layers * attn + mlps + v * h * (1 if self.tie_embeddings else 2) + h
 
   @classmethod
   def smollm2_135m(cls, **override) -> "LlamaConfig":
@@ -64,19 +89,22 @@ class LlamaConfig:
 
   @classmethod
   def from_hf(cls, hf: dict[str, Any]) -> "LlamaConfig":
-    """Builds a config from a Hugging Face `config.json` dict (Llama, Qwen2, Qwen3)."""
+    """Builds a config from a Hugging Face `config.json` dict (Llama, Qwen2, Qwen3, and the MoE
+    Qwen3-MoE, Qwen2-MoE and Mixtral)."""
     model_type = hf.get("model_type", "")
-    supported = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}
+    supported = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama",
+                 "qwen3_moe": "qwen3_moe", "qwen2_moe": "qwen2_moe", "mixtral": "mixtral"}
     if model_type not in supported:
       raise UnsupportedModelError(
           f"model_type {model_type!r} is not supported; jspec loads {sorted(supported)} "
-          "(dense Llama-family decoders)")
+          "(Llama-family decoders, dense or mixture-of-experts)")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind not in ("default", None):
       raise UnsupportedModelError(
           f"RoPE scaling {kind!r} is not supported yet; use a checkpoint without RoPE scaling")
-    if hf.get("sliding_window") and hf.get("use_sliding_window", model_type == "mistral"):
+    if hf.get("sliding_window") and hf.get("use_sliding_window",
+                                           model_type in ("mistral", "mixtral")):
       raise UnsupportedModelError("sliding-window attention is not supported")
     if hf.get("hidden_act", "silu") != "silu":
       raise UnsupportedModelError(f"activation {hf['hidden_act']!r} is not supported (SwiGLU/silu only)")
@@ -85,6 +113,16 @@ class LlamaConfig:
     heads = hf["num_attention_heads"]
     head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
     arch = supported[model_type]
+    moe = {}
+    if arch in ("qwen3_moe", "qwen2_moe", "mixtral"):
+      moe = dict(
+          num_experts=int(hf.get("num_experts") or hf["num_local_experts"]),
+          num_experts_per_tok=int(hf["num_experts_per_tok"]),
+          moe_intermediate_size=int(hf.get("moe_intermediate_size") or hf["intermediate_size"]),
+          norm_topk_prob=arch == "mixtral" or bool(hf.get("norm_topk_prob", False)),
+          shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0),
+          decoder_sparse_step=int(hf.get("decoder_sparse_step") or 1),
+          mlp_only_layers=tuple(int(i) for i in hf.get("mlp_only_layers") or ()))
     return cls(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
@@ -92,6 +130,6 @@ class LlamaConfig:
         rope_theta=float(hf.get("rope_theta", rope.get("rope_theta", 10000.0))),
         rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        qkv_bias=arch == "qwen2" or bool(hf.get("attention_bias", False)),
-        qk_norm=arch == "qwen3",
-        max_position=int(hf.get("max_position_embeddings", 4096)), arch=arch)
+        qkv_bias=arch in ("qwen2", "qwen2_moe") or bool(hf.get("attention_bias", False)),
+        qk_norm=arch in ("qwen3", "qwen3_moe"),
+        max_position=int(hf.get("max_position_embeddings", 4096)), arch=arch, **moe)

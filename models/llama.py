@@ -17,6 +17,7 @@ from flax import nnx
 from models import cpu_gemm
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
+from models.moe import MoE
 from pallas_kernels.verify_attention import (IMPLS, attend_unwritten, attention_mask, choose_impl,
                                              verify_attention)
 
@@ -103,12 +104,13 @@ class MLP(nnx.Module):
 class Block(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, attention_impl: str = "auto",
-               matmul_impl: str = "auto"):
+               matmul_impl: str = "auto", moe: bool = False, moe_impl: str = "auto"):
     self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
     self.attn = Attention(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl,
                           matmul_impl=matmul_impl)
     self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
-    self.mlp = MLP(cfg, dtype=dtype, rngs=rngs, matmul_impl=matmul_impl)
+    self.mlp = (MoE(cfg, dtype=dtype, rngs=rngs, moe_impl=moe_impl) if moe else
+                MLP(cfg, dtype=dtype, rngs=rngs, matmul_impl=matmul_impl))
 
   def __call__(self, x, positions, cache, layer, mask, tree_mask=None, write: bool = True):
     a, aux = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask, write)
@@ -134,10 +136,11 @@ class Llama(nnx.Module):
   attention_impl: "auto" (Pallas kernel on GPU, jnp reference elsewhere), "pallas" or "reference";
   static, see `pallas_kernels.verify_attention`.
   matmul_impl: "auto" (on CPU, fp32 products of <= 64 rows through `models.cpu_gemm`, which reads
-  each weight once for a whole verify block; XLA's dot otherwise), "ffi" or "xla"; static."""
+  each weight once for a whole verify block; XLA's dot otherwise), "ffi" or "xla"; static.
+  moe_impl: the expert GEMMs of MoE layers (`models.moe.MoE`, `pallas_kernels.moe_gemm.gmm`)."""
 
   def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None,
-               attention_impl: str = "auto", matmul_impl: str = "auto"):
+               attention_impl: str = "auto", matmul_impl: str = "auto", moe_impl: str = "auto"):
     if attention_impl not in IMPLS:
       raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
     if matmul_impl not in cpu_gemm.IMPLS:
@@ -148,8 +151,10 @@ class Llama(nnx.Module):
     self.matmul_impl = matmul_impl
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=dtype, dtype=dtype,
                            rngs=rngs)
+    self.moe_impl = moe_impl
     self.layers = nnx.List([Block(cfg, dtype=dtype, rngs=rngs, attention_impl=attention_impl,
-                                  matmul_impl=matmul_impl) for _ in range(cfg.num_layers)])
+                                  matmul_impl=matmul_impl, moe=cfg.is_moe_layer(i),
+                                  moe_impl=moe_impl) for i in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, dtype=dtype)
     if not cfg.tie_embeddings:
       self.lm_head = nnx.Linear(cfg.hidden_size, cfg.vocab_size, use_bias=False,

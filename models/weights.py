@@ -30,6 +30,20 @@ _IN_LAYER = {
     "input_layernorm.weight": ("input_norm", "scale"),
     "post_attention_layernorm.weight": ("post_attn_norm", "scale"),
 }
+# MoE layers (Qwen3-MoE / Qwen2-MoE under "mlp.", Mixtral under "block_sparse_moe."): the router and
+# the shared expert map like linear weights; per-expert weights are stacked along a leading E axis.
+_IN_LAYER.update({
+    "mlp.gate.weight": ("mlp", "router"),
+    "block_sparse_moe.gate.weight": ("mlp", "router"),
+    "mlp.shared_expert.gate_proj.weight": ("mlp", "shared_gate_proj", "kernel"),
+    "mlp.shared_expert.up_proj.weight": ("mlp", "shared_up_proj", "kernel"),
+    "mlp.shared_expert.down_proj.weight": ("mlp", "shared_down_proj", "kernel"),
+    "mlp.shared_expert_gate.weight": ("mlp", "shared_expert_gate", "kernel"),
+})
+_EXPERT = re.compile(r"(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+_EXPERT_WEIGHT = {"gate_proj": "w_gate", "w1": "w_gate", "up_proj": "w_up", "w3": "w_up",
+                  "down_proj": "w_down", "w2": "w_down"}
+_TRANSPOSED = ("kernel", "router")   # HF stores [out, in]; jspec [in, out]
 _TOP = {
     "model.embed_tokens.weight": ("embed", "embedding"),
     "model.norm.weight": ("norm", "scale"),
@@ -43,17 +57,50 @@ def _path(name: str) -> tuple | None:
   m = _LAYER.fullmatch(name)
   if m and m.group(2) in _IN_LAYER:
     return ("layers", int(m.group(1))) + _IN_LAYER[m.group(2)]
+  if m and m.group(2) in ("moe.w_gate", "moe.w_up", "moe.w_down"):   # from `stack_experts`
+    return ("layers", int(m.group(1)), "mlp", m.group(2)[4:])
   return None
 
 
+def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Per-expert HF weights (`...experts.{e}.{gate_proj|up_proj|down_proj|w1|w3|w2}.weight`, [out,
+  in] each) and fused ones (`mlp.experts.gate_up_proj` [E, 2F, H], `mlp.experts.down_proj` [E, H,
+  F]) -> `model.layers.{i}.moe.{w_gate|w_up|w_down}` in jspec's layout ([E, H, F] / [E, F, H]);
+  every other tensor passes through."""
+  out, experts = {}, {}
+  for name, array in tensors.items():
+    m = _LAYER.fullmatch(name)
+    rest = m.group(2) if m else ""
+    e = _EXPERT.fullmatch(rest)
+    if e and e.group(2) in _EXPERT_WEIGHT:
+      key = (int(m.group(1)), _EXPERT_WEIGHT[e.group(2)])
+      experts.setdefault(key, {})[int(e.group(1))] = np.asarray(array).T
+    elif rest == "mlp.experts.gate_up_proj":
+      gate, up = np.split(np.asarray(array), 2, axis=1)                    # [E, F, H] each
+      out[f"model.layers.{m.group(1)}.moe.w_gate"] = gate.transpose(0, 2, 1)
+      out[f"model.layers.{m.group(1)}.moe.w_up"] = up.transpose(0, 2, 1)
+    elif rest == "mlp.experts.down_proj":
+      out[f"model.layers.{m.group(1)}.moe.w_down"] = np.asarray(array).transpose(0, 2, 1)
+    else:
+      out[name] = array
+  for (layer, weight), by_expert in experts.items():
+    if sorted(by_expert) != list(range(len(by_expert))):
+      raise ModelLoadError(f"layer {layer} {weight}: experts {sorted(by_expert)} are not 0..E-1 "
+                           "(a missing shard?)")
+    out[f"model.layers.{layer}.moe.{weight}"] = np.stack([by_expert[i]
+                                                          for i in range(len(by_expert))])
+  return out
+
+
 def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray],
-                          dtype=jnp.float32) -> Llama:
-  """tensors: HF parameter name -> array in HF layout ([out, in] for linear weights)."""
-  abstract = nnx.eval_shape(lambda: Llama(cfg, dtype=dtype))
+                          dtype=jnp.float32, **model_kwargs) -> Llama:
+  """tensors: HF parameter name -> array in HF layout ([out, in] for linear weights); MoE experts
+  per expert or fused (`stack_experts`). model_kwargs: `Llama` options (attention_impl, ...)."""
+  abstract = nnx.eval_shape(lambda: Llama(cfg, dtype=dtype, **model_kwargs))
   graphdef, state = nnx.split(abstract)
   wanted = {path: var for path, var in nnx.to_flat_state(state)}
   filled = {}
-  for name, array in tensors.items():
+  for name, array in stack_experts(tensors).items():
     path = _path(name)
     if path is None:
       if name.endswith("rotary_emb.inv_freq"):
@@ -64,7 +111,7 @@ def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray],
         continue  # some tied checkpoints also store the head
       raise ModelLoadError(f"weight {name!r} does not fit the config (arch {cfg.arch})")
     array = np.asarray(array)
-    if path[-1] == "kernel":
+    if path[-1] in _TRANSPOSED:
       array = array.T
     expected = wanted[path].shape
     if array.shape != tuple(expected):

@@ -33,11 +33,17 @@ def init_moe_params(key: jax.Array, d_model: int, d_ff: int, num_experts: int,
                    w_down=normal(k_d, (num_experts, d_ff, d_model), d_ff))
 
 
-def route(router: jax.Array, x: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
-  """x [T, D] -> (experts [T, k] int32, gates [T, k] f32): top-k logits, softmax over those k."""
+def route(router: jax.Array, x: jax.Array, top_k: int,
+          normalize: bool = True) -> tuple[jax.Array, jax.Array]:
+  """x [T, D] -> (experts [T, k] int32, gates [T, k] f32): the top-k of the softmax over all E
+  experts, renormalised to sum 1 when `normalize` (= a softmax over the k top logits)."""
   logits = jnp.dot(x.astype(jnp.float32), router.astype(jnp.float32))           # [T, E]
   top_logits, experts = jax.lax.top_k(logits, top_k)
-  return experts.astype(jnp.int32), jax.nn.softmax(top_logits, axis=-1)
+  if normalize:
+    gates = jax.nn.softmax(top_logits, axis=-1)
+  else:
+    gates = jnp.exp(top_logits - jax.nn.logsumexp(logits, axis=-1, keepdims=True))
+  return experts.astype(jnp.int32), gates
 
 
 def expert_mlp(params: MoEParams, rows: jax.Array, group_sizes: jax.Array, matmul) -> jax.Array:
@@ -52,15 +58,16 @@ def _combine(y: jax.Array, gates: jax.Array, out_dtype) -> jax.Array:
 
 
 def moe_reference(params: MoEParams, x: jax.Array, *, top_k: int, keep: jax.Array | None = None,
-                  impl: str = "reference") -> jax.Array:
+                  impl: str = "reference", normalize: bool = True) -> jax.Array:
   """Unsharded MoE: x [T, D] -> [T, D]; tokens sorted by expert, then one grouped GEMM per weight.
 
   keep [T, k] bool zeroes dropped assignments (to state `moe_ep`'s drops). impl: the grouped GEMM
   (`api.gmm`; default lax.ragged_dot), so a test can run both layers on the same matmul.
+  normalize: the router's rule (`route`).
   """
   t, d = x.shape
   num_experts = params.router.shape[1]
-  experts, gates = route(params.router, x, top_k)                                # [T, k]
+  experts, gates = route(params.router, x, top_k, normalize)                     # [T, k]
   if keep is not None:
     gates = jnp.where(keep, gates, 0.0)
   flat = experts.reshape(-1)                                                     # [T*k]
@@ -95,14 +102,14 @@ def capacity_slots(experts: jax.Array, num_experts: int,
 
 
 def _ep_shard(params: MoEParams, x: jax.Array, *, top_k: int, capacity: int, axis: str,
-              impl: str) -> jax.Array:
+              impl: str, normalize: bool) -> jax.Array:
   """One shard: x [Tl, D] local tokens; params hold all of the router and the El local experts."""
   t, d = x.shape
   e_local = params.w_gate.shape[0]
   num_experts = params.router.shape[1]
   n = num_experts // e_local
   c = capacity
-  experts, gates = route(params.router, x, top_k)                                # [Tl, k]
+  experts, gates = route(params.router, x, top_k, normalize)                     # [Tl, k]
   slot, keep = capacity_slots(experts, num_experts, c)
   # Send-buffer row of each assignment, [Tl*k]; E*C (out of range) = dropped.
   dest = jnp.where(keep, experts * c + slot, num_experts * c).reshape(-1)
@@ -140,7 +147,7 @@ def expert_mesh(num_devices: int | None = None, axis: str = "expert") -> jax.sha
 
 def moe_ep(params: MoEParams, x: jax.Array, *, mesh: jax.sharding.Mesh, top_k: int,
            capacity_factor: float | None = None, impl: str = "auto",
-           axis: str = "expert") -> jax.Array:
+           axis: str = "expert", normalize: bool = True) -> jax.Array:
   """Expert-parallel MoE: x [T, D] -> [T, D], tokens and experts sharded over mesh axis `axis`.
 
   Capacity policy. Each shard sends each expert at most C token copies,
@@ -152,7 +159,8 @@ def moe_ep(params: MoEParams, x: jax.Array, *, mesh: jax.sharding.Mesh, top_k: i
   all drop gets zero from the layer and passes on through the residual connection around it.
   Without drops the result equals `moe_reference`. Buffers are static ([E, C, D] per shard)
   because ragged_all_to_all does not run on XLA:CPU; received rows are compacted by expert before
-  the grouped GEMM, so empty slots cost no expert FLOPs. impl: the grouped GEMM (`api.gmm`).
+  the grouped GEMM, so empty slots cost no expert FLOPs. impl: the grouped GEMM (`api.gmm`);
+  normalize: the router's rule (`route`).
   Give a mesh with AxisType.Auto axes (`expert_mesh`) or inputs already sharded to match.
   """
   n = mesh.shape[axis]
@@ -164,7 +172,8 @@ def moe_ep(params: MoEParams, x: jax.Array, *, mesh: jax.sharding.Mesh, top_k: i
   if not 1 <= top_k <= num_experts:
     raise ValueError(f"moe_ep: top_k={top_k} must be in [1, {num_experts}].")
   capacity = expert_capacity(t // n, top_k, num_experts, capacity_factor)
-  body = functools.partial(_ep_shard, top_k=top_k, capacity=capacity, axis=axis, impl=impl)
+  body = functools.partial(_ep_shard, top_k=top_k, capacity=capacity, axis=axis, impl=impl,
+                           normalize=normalize)
   param_specs = MoEParams(router=P(), w_gate=P(axis), w_up=P(axis), w_down=P(axis))
   # check_vma=False: a pallas_call's out_shape carries no varying-axes type (its spelling differs
   # between jax versions), and every value in the body varies over `axis` anyway.

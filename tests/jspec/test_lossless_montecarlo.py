@@ -3,9 +3,11 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 1e5 rows (4 parameter groups
-of 25,000). A chi-square test per sampled group at p < 1e-4 (21 tests in this file) gives a
-false-alarm rate near 2e-3 per run; the seeds are fixed, so a run is also reproducible.
+of 25,000). A chi-square test per sampled group at p < 1e-4 (27 tests in this file) gives a
+false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
+
+import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +31,17 @@ def target():
   model = Llama(CFG, rngs=nnx.Rngs(0))
   # Random init gives near-uniform logits; scale the head so distributions have structure.
   model.embed.embedding[...] = model.embed.embedding[...] * 6.0
+  return model
+
+
+@pytest.fixture(scope="module")
+def moe_target():
+  """The same tiny target with mixture-of-experts feed-forwards (4 experts, top-2, renormalised)."""
+  cfg = dataclasses.replace(CFG, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+  model = Llama(cfg, rngs=nnx.Rngs(0))
+  model.embed.embedding[...] = model.embed.embedding[...] * 6.0
+  for layer in model.layers:   # a router with structure: tokens spread over different experts
+    layer.mlp.router[...] = layer.mlp.router[...] * 50.0
   return model
 
 
@@ -76,9 +89,14 @@ def eagle3_head():
 
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
-                                    "lookahead", "prediction", "draft_model-auto"])
-def test_first_two_tokens_match_target_distribution(target, draft, eagle3_head, method):
+                                    "lookahead", "prediction", "draft_model-auto",
+                                    "draft_model-moe"])
+def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
+                                                     method):
   cfg = {"method": method, "num_speculative_tokens": 2}
+  if method.endswith("-moe"):    # an MoE target verified against a dense draft model
+    method = cfg["method"] = method.removesuffix("-moe")
+    target = moe_target
   if method.endswith("-auto"):   # adaptive over draft lengths {0, 1, 2}
     method = cfg["method"] = method.removesuffix("-auto")
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])

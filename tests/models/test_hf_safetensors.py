@@ -1,5 +1,6 @@
 """Tiny random checkpoints written by transformers' save_pretrained load through the safetensors path
-and reproduce transformers' logits (Llama, Qwen2 with q/k/v biases, Qwen3 with q/k norms)."""
+and reproduce transformers' logits (Llama, Qwen2 with q/k/v biases, Qwen3 with q/k norms, and the
+mixture-of-experts Qwen3-MoE, Qwen2-MoE with its shared expert, Mixtral)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -27,10 +28,24 @@ def _make(kind):
   if kind == "qwen3":
     cfg = transformers.Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=True)
     return transformers.Qwen3ForCausalLM(cfg)
+  moe = dict(num_experts_per_tok=2, moe_intermediate_size=40)
+  if kind.startswith("qwen3_moe"):   # layer 1 dense (mlp_only_layers); raw or renormalised gates
+    cfg = transformers.Qwen3MoeConfig(**COMMON, **moe, num_experts=8, mlp_only_layers=[1],
+                                      norm_topk_prob=kind.endswith("norm"))
+    return transformers.Qwen3MoeForCausalLM(cfg)
+  if kind == "qwen2_moe":            # shared expert with its sigmoid gate; sparse every 2nd layer
+    cfg = transformers.Qwen2MoeConfig(**COMMON, **moe, num_experts=6, decoder_sparse_step=2,
+                                      shared_expert_intermediate_size=48)
+    return transformers.Qwen2MoeForCausalLM(cfg)
+  if kind == "mixtral":
+    common = COMMON | dict(intermediate_size=40)
+    cfg = transformers.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
+    return transformers.MixtralForCausalLM(cfg)
   raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "llama-tied", "qwen2", "qwen3", "qwen3_moe",
+                                  "qwen3_moe_norm", "qwen2_moe", "mixtral"])
 def test_safetensors_checkpoint_matches_transformers(kind, tmp_path):
   torch.manual_seed(0)
   hf = _make(kind).eval()
@@ -41,7 +56,8 @@ def test_safetensors_checkpoint_matches_transformers(kind, tmp_path):
   from models.hf_loader import load_hf_folder
   from models.weights import llama_from_hf_tensors
   cfg, tensors = load_hf_folder(str(tmp_path))
-  assert cfg.qkv_bias == (kind == "qwen2") and cfg.qk_norm == (kind == "qwen3")
+  assert cfg.qkv_bias == kind.startswith("qwen2") and cfg.qk_norm == kind.startswith("qwen3")
+  assert bool(cfg.num_experts) == (kind in ("qwen3_moe", "qwen3_moe_norm", "qwen2_moe", "mixtral"))
   model = llama_from_hf_tensors(cfg, tensors)
   ids = np.random.default_rng(1).integers(0, 96, size=(2, 19))
   with torch.no_grad():
