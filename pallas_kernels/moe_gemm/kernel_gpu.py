@@ -195,8 +195,9 @@ def _tgmm_kernel(bounds_ref, lhs_ref, grad_ref, out_ref, *, block_m, precision):
     row0 = pl.multiple_of(t * block_m, block_m)
     rows = row0 + jnp.arange(block_m, dtype=jnp.int32)                          # [bm]
     inside = ((rows >= start) & (rows < end))[:, None]
+    # Both operands masked: rows of other groups (or padding) contract here, and 0 * inf = NaN.
     x = jnp.where(inside, lhs_ref[pl.ds(row0, block_m), :], 0)                   # [bm, bk]
-    y = grad_ref[pl.ds(row0, block_m), :]                                        # [bm, bn]
+    y = jnp.where(inside, grad_ref[pl.ds(row0, block_m), :], 0)                  # [bm, bn]
     return acc + lax.dot_general(x, y, (((0,), (0,)), ((), ())), precision=precision,
                                  preferred_element_type=jnp.float32)
   acc = lax.fori_loop(first, stop, step, jnp.zeros(out_ref.shape, jnp.float32))

@@ -115,6 +115,27 @@ def test_tgmm_kernel_matches_reference():
   np.testing.assert_array_equal(out[np.asarray(gs) == 0], 0.0)
 
 
+def test_tgmm_kernel_keeps_an_inf_in_one_groups_rows_out_of_the_others():
+  """Regression: tgmm masked lhs rows outside the group but not the gradient rows, so an inf in
+  another group's (or a padding) row met a zero and made NaN in this group's weight gradient."""
+  sizes, m = [5, 0, 17, 3, 0], 37          # groups 0, 2, 3 share 16-row tiles; rows 25.. padding
+  lhs, rhs, gs = _problem(sizes, m)
+  grad = np.random.default_rng(4).standard_normal((m, N)).astype(np.float32)
+  grad[3] = np.inf                         # group 0's row
+  grad[30] = np.nan                        # a padding row
+  out = np.asarray(kernel.tgmm(lhs, jnp.asarray(grad), gs, tiling=TILE16, interpret=INTERPRET))
+  want = np.asarray(reference.tgmm_reference(lhs, jnp.asarray(np.nan_to_num(grad, posinf=0)), gs))
+  for g in (2, 3):                         # the groups that share a tile with the bad rows
+    assert np.isfinite(out[g]).all(), f"group {g}"
+    np.testing.assert_allclose(out[g], want[g], rtol=1e-5, atol=1e-5)
+  # and through the VJP: a loss that ignores the padding rows but is given inf cotangents there
+  _, vjp = jax.vjp(lambda a, b: api.gmm(a, b, gs, impl="pallas", tiling=TILE16), lhs, rhs)
+  cot = np.zeros((m, N), np.float32)
+  cot[25:] = np.inf
+  d_lhs, d_rhs = vjp(jnp.asarray(cot))
+  assert np.isfinite(np.asarray(d_rhs)).all()
+
+
 @pytest.mark.parametrize("tiling,dtype,match", [
     (kernel.Tiling(24, 16, 16), jnp.float32, "block_m=24.*powers of two"),
     (kernel.Tiling(16, 8, 16), jnp.float32, "block_n=8.*>= 16"),
