@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jspec import sharding
 from jspec.sampling import SamplingParams, sample
 from models.kv_cache import KVCache
 from models.llama import Llama
@@ -208,9 +209,14 @@ class Decoder:
   """Plain decoding of one model. `generate` takes token-id prompts; shapes are bucketed so that
   repeated calls with similar prompts reuse one compiled program."""
 
-  def __init__(self, model: Llama, *, eos_ids: Sequence[int] = ()):
+  def __init__(self, model: Llama, *, eos_ids: Sequence[int] = (), mesh=None):
+    """mesh: a `jax.sharding.Mesh` or a spec such as "data=2,model=4" (`jspec.sharding`): the
+    weights are placed on it and every program runs under it."""
     self.config = model.config
     self.graphdef, self.weights = nnx.split(model)
+    self.mesh = sharding.as_mesh(mesh)
+    if self.mesh is not None:
+      self.weights = sharding.shard_weights(self.weights, self.config, self.mesh)
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
     self._programs = {}   # (B, prompt bucket, buffer, eos) -> compiled (prefill, decode)
 
@@ -221,6 +227,10 @@ class Decoder:
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int | Sequence[int] = 128,
                temperature=0.0, top_k=0, top_p=1.0, seed: int | Sequence[int] = 0,
                eos: bool = True, pad_to: int = 0) -> DecodeOutput:
+    with sharding.on_mesh(self.mesh):
+      return self._generate(prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, pad_to)
+
+  def _generate(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, pad_to):
     tokens, lens, max_new = validate_request(prompts, max_new_tokens, self.config, pad_to)
     b = len(prompts)
     params = SamplingParams.make(b, temperature, top_k, top_p)
@@ -231,10 +241,14 @@ class Decoder:
     key = (b, tokens.shape[1], buffer_len, eos_ids)
     t0 = time.perf_counter()
     if key not in self._programs:  # compile ahead of time so that timings never include it
-      logits_shape = jax.ShapeDtypeStruct((b, self.config.vocab_size), jnp.float32)
+      run_prefill = prefill.lower(self.graphdef, *args_pre).compile()
+      # The decode loop is compiled for the prefill's outputs as they come (on a mesh: as placed).
+      logits_shape, cache_shape = jax.tree.map(
+          lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+          run_prefill.out_info, run_prefill.output_shardings)
       self._programs[key] = (
-          prefill.lower(self.graphdef, *args_pre).compile(),
-          decode.lower(self.graphdef, self.weights, cache, logits_shape, params,
+          run_prefill,
+          decode.lower(self.graphdef, self.weights, cache_shape, logits_shape, params,
                        row_keys(0, b), jnp.asarray(max_new), buffer_len=buffer_len,
                        eos_ids=eos_ids).compile())
     run_prefill, run_decode = self._programs[key]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec import engine
+from jspec import engine, sharding
 from jspec.adaptive import AdaptiveDrafter, CostTable
 from jspec.config import SpeculativeConfig
 from jspec.decode import DecodeOutput, row_keys, validate_request
@@ -66,14 +66,20 @@ class SpecDecoder:
 
   def __init__(self, target: Llama, config: SpeculativeConfig | dict, *,
                draft_model: Llama | None = None, eos_ids: Sequence[int] = (), tokenizer=None,
-               cost_table: CostTable | str | None = None):
+               cost_table: CostTable | str | None = None, mesh=None):
     """tokenizer: only to encode predictions given as text (`generate(prediction=...)`).
     cost_table: for adaptive configs, the measured verify/draft costs (a `CostTable` or the path of
-    a `jspec plan` JSON); the built-in defaults for this backend when None."""
+    a `jspec plan` JSON); the built-in defaults for this backend when None.
+    mesh: a `jax.sharding.Mesh` or a spec such as "data=2,model=4" (`jspec.sharding`): the
+    target's weights are placed on it and every program runs under it (the drafter's own weights
+    stay replicated)."""
     self.spec = config if isinstance(config, SpeculativeConfig) else \
         SpeculativeConfig.from_dict(config)
     self.config = target.config
     self.graphdef, self.weights = nnx.split(target)
+    self.mesh = sharding.as_mesh(mesh)
+    if self.mesh is not None:
+      self.weights = sharding.shard_weights(self.weights, self.config, self.mesh)
     if cost_table is not None and not isinstance(cost_table, CostTable):
       cost_table = CostTable.load(cost_table, self.spec.method)
     self.drafter, self.drafter_params = build_drafter(self.spec, target, draft_model, cost_table)
@@ -135,7 +141,10 @@ class SpecDecoder:
               jnp.asarray(lens), jnp.asarray(max_new), sampling, keys, request)
       lowered = engine.spec_prefill.lower(self.graphdef, *args, max_len=max_len, eos_ids=eos_ids)
       pre = lowered.compile()
-      state = lowered.out_info   # the SpecState's shapes, to compile the loop ahead of time too
+      # The SpecState as the prefill returns it (shapes, and placement on a mesh), to compile the
+      # loop ahead of time too.
+      state = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                           lowered.out_info, pre.output_shardings)
       gen = engine.spec_generate.lower(self.graphdef, self.weights, self.drafter,
                                        self.drafter_params, state, sampling,
                                        eos_ids=eos_ids).compile()
@@ -159,16 +168,17 @@ class SpecDecoder:
                pad_to: int = 0, prediction: Sequence | None = None) -> SpecOutput:
     """prediction: with the 'prediction' method, per row the expected output (text, token ids or
     None) that the drafter proposes from (rows without one fall back to n-gram lookup)."""
-    pre, gen, args, lens, sampling, compile_s = self._start(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
-        prediction)
-    t1 = time.perf_counter()
-    state = pre(*args)
-    jax.block_until_ready(state)
-    t2 = time.perf_counter()
-    state = gen(self.weights, self.drafter_params, state, sampling)
-    jax.block_until_ready(state)
-    t3 = time.perf_counter()
+    with sharding.on_mesh(self.mesh):
+      pre, gen, args, lens, sampling, compile_s = self._start(
+          prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
+          prediction)
+      t1 = time.perf_counter()
+      state = pre(*args)
+      jax.block_until_ready(state)
+      t2 = time.perf_counter()
+      state = gen(self.weights, self.drafter_params, state, sampling)
+      jax.block_until_ready(state)
+      t3 = time.perf_counter()
     out = self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=compile_s)
     self._after_generate(prompts, out.token_ids)
     return out
@@ -179,10 +189,11 @@ class SpecDecoder:
               prediction: Sequence | None = None) -> tuple[engine.SpecState, SamplingParams]:
     """The state after the prefill, as `generate` starts its rounds from it (for timing a round's
     parts, or driving rounds by hand with `engine.spec_round`)."""
-    pre, _, args, _, sampling, _ = self._start(
-        prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
-        prediction)
-    return pre(*args), sampling
+    with sharding.on_mesh(self.mesh):
+      pre, _, args, _, sampling, _ = self._start(
+          prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
+          prediction)
+      return pre(*args), sampling
 
   def stream(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
              top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None,
@@ -191,9 +202,10 @@ class SpecDecoder:
     tokens, lens, max_new, sampling, keys, max_len, request = self._prepare(
         prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, prediction=prediction)
     eos_ids = self.eos_ids if eos else ()
-    state = engine.spec_prefill(self.graphdef, self.weights, self.drafter, self.drafter_params,
-                                jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(max_new),
-                                sampling, keys, request, max_len=max_len, eos_ids=eos_ids)
+    with sharding.on_mesh(self.mesh):   # entered per call: not held while the caller runs
+      state = engine.spec_prefill(self.graphdef, self.weights, self.drafter, self.drafter_params,
+                                  jnp.asarray(tokens), jnp.asarray(lens), jnp.asarray(max_new),
+                                  sampling, keys, request, max_len=max_len, eos_ids=eos_ids)
     seen = lens.copy()
     while True:
       length = np.asarray(state.length)
@@ -204,8 +216,9 @@ class SpecDecoder:
         self._after_generate(prompts, [buf[i, lens[i]:length[i]].tolist()
                                        for i in range(len(lens))])
         return
-      state = engine.spec_round(self.graphdef, self.weights, self.drafter, self.drafter_params,
-                                state, sampling, eos_ids=eos_ids)
+      with sharding.on_mesh(self.mesh):
+        state = engine.spec_round(self.graphdef, self.weights, self.drafter,
+                                  self.drafter_params, state, sampling, eos_ids=eos_ids)
 
   def _output(self, state, lens, **times) -> SpecOutput:
     buf = np.asarray(state.tokens)

@@ -29,8 +29,26 @@ class KVCache:
       raise ValueError(f"KVCache needs batch_size > 0 and max_len > 0, got {batch_size}, {max_len}")
     shape = (batch_size, max_len, config.num_kv_heads, config.head_dim)
     zeros = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-    return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-               lengths=jnp.zeros((batch_size,), jnp.int32))
+    cache = cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+                lengths=jnp.zeros((batch_size,), jnp.int32))
+    return cache.placed()
+
+  def placed(self) -> "KVCache":
+    """Under a mesh (`jax.set_mesh`, see `jspec.sharding`): rows over the "data" axis and KV heads
+    over "model" (each where it divides), so that the cache sits beside the heads that write it.
+    Without a mesh: unchanged."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+      return self
+    sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+    split = lambda name, dim: name if sizes.get(name, 1) > 1 and dim % sizes[name] == 0 else None
+    b, _, kvh, _ = self.k[0].shape
+    rows = split("data", b)
+    kv_spec = jax.sharding.PartitionSpec(rows, None, split("model", kvh), None)
+    put = lambda x, spec: jax.lax.with_sharding_constraint(x, spec)
+    return KVCache(k=tuple(put(x, kv_spec) for x in self.k),
+                   v=tuple(put(x, kv_spec) for x in self.v),
+                   lengths=put(self.lengths, jax.sharding.PartitionSpec(rows)))
 
   @property
   def batch_size(self) -> int:

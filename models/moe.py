@@ -6,10 +6,23 @@ and Qwen2-MoE's optional shared expert with its sigmoid gate."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from models.config import LlamaConfig
-from pallas_kernels.moe_gemm import IMPLS, MoEParams, moe_reference
+from pallas_kernels.moe_gemm import IMPLS, MoEParams, moe_ep, moe_reference
+
+
+def expert_axis(mesh, num_experts: int) -> tuple[str | None, int]:
+  """(axis, size) that experts are sharded over: "expert" when the mesh splits it, else "model";
+  (None, 1) without a mesh, when neither splits, or when the experts do not divide evenly."""
+  if mesh.empty:
+    return None, 1
+  sizes = dict(zip(mesh.axis_names, mesh.axis_sizes))
+  for name in ("expert", "model"):
+    if sizes.get(name, 1) > 1:
+      return (name, sizes[name]) if num_experts % sizes[name] == 0 else (None, 1)
+  return None, 1
 
 
 class MoE(nnx.Module):
@@ -17,6 +30,9 @@ class MoE(nnx.Module):
 
   moe_impl: the grouped GEMM (`pallas_kernels.moe_gemm.gmm`: "auto" = the backend's kernel on GPU
   and TPU, lax.ragged_dot elsewhere). Every token's k experts run; nothing is dropped.
+  Under a mesh (`jax.set_mesh`, `jspec.sharding`) whose "expert" axis (else "model" axis) splits
+  the experts evenly, the layer runs expert-parallel (`moe_ep`, no capacity limit, so the same
+  result as on one device).
   """
 
   def __init__(self, cfg: LlamaConfig, *, dtype, rngs: nnx.Rngs, moe_impl: str = "auto"):
@@ -47,8 +63,14 @@ class MoE(nnx.Module):
   def __call__(self, x: jax.Array) -> jax.Array:
     b, t, h = x.shape
     tokens = x.reshape(b * t, h)
-    out = moe_reference(self.params(), tokens, top_k=self.top_k, impl=self.moe_impl,
-                        normalize=self.normalize)                                 # [B*T, H]
+    axis, n = expert_axis(jax.sharding.get_abstract_mesh(), self.w_gate.shape[0])
+    if axis is None:
+      out = moe_reference(self.params(), tokens, top_k=self.top_k, impl=self.moe_impl,
+                          normalize=self.normalize)                               # [B*T, H]
+    else:   # tokens padded to a multiple of the shards; padding rows are sliced off
+      padded = jnp.pad(tokens, ((0, -(b * t) % n), (0, 0)))
+      out = moe_ep(self.params(), padded, mesh=jax.sharding.get_abstract_mesh(), top_k=self.top_k,
+                   impl=self.moe_impl, axis=axis, normalize=self.normalize)[:b * t]
     if self.has_shared:
       dense = self.shared_down_proj(jax.nn.silu(self.shared_gate_proj(tokens))
                                     * self.shared_up_proj(tokens))

@@ -144,7 +144,8 @@ _ffi_matmul.defvjp(_ffi_fwd, _ffi_bwd)
 
 
 def use_kernel(x: jax.Array, w: jax.Array, impl: str = "auto") -> bool:
-  """Static choice: the kernel for fp32 products of at most MAX_ROWS rows on CPU."""
+  """Static choice: the kernel for fp32 products of at most MAX_ROWS rows on CPU, not under a
+  mesh (XLA's SPMD partitioner cannot split a custom call, so it would gather the weights)."""
   if impl not in IMPLS:
     raise ValueError(f"matmul impl must be one of {IMPLS}, got {impl!r}")
   if impl == "xla":
@@ -159,7 +160,7 @@ def use_kernel(x: jax.Array, w: jax.Array, impl: str = "auto") -> bool:
     if not _register():
       raise CpuGemmBuildError(_state["why"])
     return True
-  return fits and rows <= MAX_ROWS and _register()
+  return fits and rows <= MAX_ROWS and jax.sharding.get_abstract_mesh().empty and _register()
 
 
 def matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False,
