@@ -127,6 +127,10 @@ def cmd_generate(args) -> None:
     if args.plan and spec is not None:
       from jspec.adaptive import CostTable
       CostTable.load(args.plan, spec.method)
+    mesh = None
+    if args.mesh:
+      from jspec.sharding import parse_mesh
+      mesh = parse_mesh(args.mesh)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   loaded = _load(args.model)
@@ -143,14 +147,15 @@ def cmd_generate(args) -> None:
   kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
             top_p=args.top_p, seed=args.seed)
   try:
-    base = Decoder(loaded.model, eos_ids=tok.eos_ids).generate([ids], **kw)
+    base = Decoder(loaded.model, eos_ids=tok.eos_ids, mesh=mesh).generate([ids], **kw)
     out = base
     if spec is not None:
       from jspec.spec_decode import SpecDecoder
       draft = _load(spec.options.draft_model).model if spec.method == "draft_model" else None
       spec_kw = {} if spec.method != "prediction" else dict(prediction=[prediction])
       out = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids,
-                        tokenizer=tok, cost_table=args.plan).generate([ids], **kw, **spec_kw)
+                        tokenizer=tok, cost_table=args.plan, mesh=mesh).generate([ids], **kw,
+                                                                                 **spec_kw)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   new = out.token_ids[0]
@@ -425,6 +430,9 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--plan", default=None, metavar="FILE",
                  help="a `jspec plan` report: its drafter and D for one prompt (unless --drafter "
                  "is given) and its measured cost table for the 'auto' draft length")
+  g.add_argument("--mesh", default=None, metavar="SPEC",
+                 help="shard the target over a device mesh, e.g. 'data=1,model=4' (axes data, "
+                 "model, expert; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)")
   _add_drafter_flags(g)
   g.set_defaults(func=cmd_generate)
 

@@ -59,6 +59,8 @@ def _exit_message(argv) -> str:
     (["bench", "--per-category", "0"], "--per-category must be >= 1"),
     (["bench-decode", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
     (["bench-decode", "--batch-sizes", "1,x"], "--batch-sizes takes comma-separated integers"),
+    (["generate", "hi", "--mesh", "model4"], "write axis=size pairs such as 'data=2,model=4'"),
+    (["generate", "hi", "--mesh", "model=64"], "needs 64 devices"),
 ])
 def test_bad_values_fail_before_the_model_loads(argv, message, no_load, prompts):
   if argv[0] == "bench":
