@@ -379,6 +379,12 @@ def main(argv=None) -> None:
     _watch_sigint(current)
   try:
     args = current[0] = _parse(argv)
+    if argv is None:   # one of several processes (`python -m jspec.launch`): join the others
+      from jspec.sharding import initialize_from_env
+      try:
+        initialize_from_env()
+      except ValueError as e:
+        sys.exit(f"jspec: {e}")
     args.func(args)
   except KeyboardInterrupt:
     _interrupted(args, in_process=argv is not None)

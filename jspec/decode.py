@@ -257,9 +257,9 @@ class Decoder:
     logits.block_until_ready()
     t2 = time.perf_counter()
     state = run_decode(self.weights, cache, logits, params, row_keys(seed, b), jnp.asarray(max_new))
-    out_tokens = np.asarray(state.tokens)
-    margins = np.asarray(state.margins)
-    n = np.asarray(state.num_generated)
+    out_tokens = sharding.to_host(state.tokens)
+    margins = sharding.to_host(state.margins)
+    n = sharding.to_host(state.num_generated)
     t3 = time.perf_counter()
     rows = [out_tokens[i, :n[i]].tolist() for i in range(b)]
     reasons = ["stop" if r and r[-1] in eos_ids else "length" for r in rows]

@@ -13,6 +13,7 @@ does not divide by its axis stays replicated, and `describe` says which.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any
 
 import jax
@@ -112,3 +113,28 @@ def as_mesh(mesh: Mesh | str | dict | None) -> Mesh | None:
 def on_mesh(mesh: Mesh | None):
   """The context the jitted programs run in: `jax.set_mesh(mesh)`, or nothing without a mesh."""
   return jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()
+
+
+def to_host(x) -> np.ndarray:
+  """A jax.Array as a numpy array on this host; one spread over other processes' devices is
+  all-gathered first (a collective: every process calls it in the same order)."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
+
+
+def initialize_from_env() -> bool:
+  """`jax.distributed.initialize` from JSPEC_COORDINATOR / JSPEC_NUM_PROCESSES / JSPEC_PROCESS_ID
+  (set by `python -m jspec.launch`); False, doing nothing, when they are not set. Call it before
+  any other jax work."""
+  address = os.environ.get("JSPEC_COORDINATOR")
+  if not address:
+    return False
+  try:
+    num, rank = int(os.environ["JSPEC_NUM_PROCESSES"]), int(os.environ["JSPEC_PROCESS_ID"])
+  except (KeyError, ValueError) as e:
+    raise ValueError("JSPEC_COORDINATOR is set, so JSPEC_NUM_PROCESSES and JSPEC_PROCESS_ID must "
+                     f"be integers too ({e})") from e
+  jax.distributed.initialize(address, num_processes=num, process_id=rank)
+  return True

@@ -208,11 +208,11 @@ class SpecDecoder:
                                   sampling, keys, request, max_len=max_len, eos_ids=eos_ids)
     seen = lens.copy()
     while True:
-      length = np.asarray(state.length)
-      buf = np.asarray(state.tokens)
+      length = sharding.to_host(state.length)
+      buf = sharding.to_host(state.tokens)
       yield [buf[i, seen[i]:length[i]].tolist() for i in range(len(lens))]
       seen = length
-      if bool(np.all(np.asarray(state.done))):
+      if bool(np.all(sharding.to_host(state.done))):
         self._after_generate(prompts, [buf[i, lens[i]:length[i]].tolist()
                                        for i in range(len(lens))])
         return
@@ -221,14 +221,14 @@ class SpecDecoder:
                                   self.drafter_params, state, sampling, eos_ids=eos_ids)
 
   def _output(self, state, lens, **times) -> SpecOutput:
-    buf = np.asarray(state.tokens)
-    length = np.asarray(state.length)
-    finish = np.asarray(state.finish)
-    m = jax.tree_util.tree_map(np.asarray, state.metrics)
+    buf = sharding.to_host(state.tokens)
+    length = sharding.to_host(state.length)
+    finish = sharding.to_host(state.finish)
+    m = jax.tree_util.tree_map(sharding.to_host, state.metrics)
     rounds = int(m.rounds.sum())
     chosen = getattr(state.drafter_state, "chosen", None)
     verified = {} if chosen is None else {
-        int(n): int(c) for n, c in zip(self.drafter.lengths, np.asarray(chosen))}
+        int(n): int(c) for n, c in zip(self.drafter.lengths, sharding.to_host(chosen))}
     return SpecOutput(
         token_ids=[buf[i, lens[i]:length[i]].tolist() for i in range(len(lens))],
         finish_reason=[engine.FINISH_REASONS[int(f)] for f in finish], rounds=rounds,
