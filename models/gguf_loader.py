@@ -11,14 +11,21 @@ import numpy as np
 from models.config import LlamaConfig
 from models.errors import ModelLoadError, UnsupportedModelError
 
-_SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+_SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe")
+_ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}   # GGUF -> jspec arch names
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
     "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
+    # mixture of experts (llama.cpp names): the router, the shared expert and its gate
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj", "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# Stacked experts [E, out, in] -> jspec's [E, in, out] (`models.weights` takes these as they are).
+_EXPERT_NAMES = {"ffn_gate_exps": "w_gate", "ffn_up_exps": "w_up", "ffn_down_exps": "w_down"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -58,15 +65,25 @@ def config_from_metadata(meta: dict[str, Any]) -> LlamaConfig:
   heads = int(g("attention.head_count"))
   head_dim = int(g("attention.key_length", hidden // heads))
   vocab = int(g("vocab_size", len(meta.get("tokenizer.ggml.tokens", []))))
+  moe = {}
+  if g("expert_count"):   # Qwen3-MoE / Qwen2-MoE, and Mixtral (arch "llama" with experts)
+    # llama.cpp renormalises the top-k weights for these, except Qwen2-MoE (norm_w = false)
+    moe = dict(num_experts=int(g("expert_count")), num_experts_per_tok=int(g("expert_used_count")),
+               moe_intermediate_size=int(g("expert_feed_forward_length",
+                                           g("feed_forward_length", 0))),
+               norm_topk_prob=bool(g("expert_weights_norm", arch != "qwen2moe")),
+               shared_expert_intermediate_size=int(g("expert_shared_feed_forward_length", 0)))
+  ffn = g("feed_forward_length", moe.get("moe_intermediate_size"))
   return LlamaConfig(
-      vocab_size=vocab, hidden_size=hidden, intermediate_size=int(g("feed_forward_length")),
+      vocab_size=vocab, hidden_size=hidden, intermediate_size=int(ffn),
       num_layers=int(g("block_count")), num_heads=heads,
       num_kv_heads=int(g("attention.head_count_kv", heads)), head_dim=head_dim,
       rope_theta=float(g("rope.freq_base", 10000.0)),
       rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5)),
       tie_embeddings=False,  # decided by whether an `output` tensor exists, see load_gguf
-      qkv_bias=arch == "qwen2", qk_norm=arch == "qwen3",
-      max_position=int(g("context_length", 4096)), arch=arch)
+      qkv_bias=arch in ("qwen2", "qwen2moe"), qk_norm=arch in ("qwen3", "qwen3moe"),
+      max_position=int(g("context_length", 4096)),
+      arch=("mixtral" if moe and arch == "llama" else _ARCH.get(arch, arch)), **moe)
 
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -94,11 +111,14 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, 
     except (ValueError, IndexError) as e:
       raise ModelLoadError(f"tensor {t.name} of {path!r} is corrupt or truncated: {e}") from e
     m = _BLOCK.fullmatch(t.name)
+    if m and m.group(2) in _EXPERT_NAMES:
+      tensors[f"model.layers.{m.group(1)}.moe.{_EXPERT_NAMES[m.group(2)]}"] = w.transpose(0, 2, 1)
+      continue
     if m:
       layer, kind, suffix = m.groups()
       if kind not in _LAYER_NAMES:
         raise UnsupportedModelError(f"unexpected GGUF tensor {t.name}")
-      if cfg.arch == "llama" and kind in ("attn_q", "attn_k"):
+      if cfg.arch in ("llama", "mixtral") and kind in ("attn_q", "attn_k"):
         w = _unpermute(w, cfg.num_heads if kind == "attn_q" else cfg.num_kv_heads)
       name = f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"
     else:
@@ -110,4 +130,8 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, 
       name = f"{_TOP_NAMES[base]}.{suffix}"
     tensors[name] = w
   cfg = dataclasses.replace(cfg, tie_embeddings="lm_head.weight" not in tensors)
+  if cfg.num_experts:   # layers without a router are dense
+    dense = tuple(i for i in range(cfg.num_layers)
+                  if f"model.layers.{i}.mlp.gate.weight" not in tensors)
+    cfg = dataclasses.replace(cfg, mlp_only_layers=dense)
   return cfg, tensors, meta
