@@ -241,11 +241,12 @@ class Decoder:
     key = (b, tokens.shape[1], buffer_len, eos_ids)
     t0 = time.perf_counter()
     if key not in self._programs:  # compile ahead of time so that timings never include it
-      run_prefill = prefill.lower(self.graphdef, *args_pre).compile()
+      lowered = prefill.lower(self.graphdef, *args_pre)
+      run_prefill = lowered.compile()
       # The decode loop is compiled for the prefill's outputs as they come (on a mesh: as placed).
       logits_shape, cache_shape = jax.tree.map(
           lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-          run_prefill.out_info, run_prefill.output_shardings)
+          lowered.out_info, run_prefill.output_shardings)
       self._programs[key] = (
           run_prefill,
           decode.lower(self.graphdef, self.weights, cache_shape, logits_shape, params,

@@ -1,5 +1,8 @@
 """Kernel benchmark on the local device into one JSON: verification attention (Pallas kernel vs the
 XLA reference, with achieved HBM bandwidth) and the MoE grouped GEMM when that op ships a benchmark.
+Wall time per call includes Python dispatch; --device-time adds the device's own time per call from
+a profiler trace (`timing.device_time`: K/V rotated over copies larger than twice the L2, three
+runs, median and spread), and the bandwidth it implies.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.timing import call_ms
+from pallas_kernels.timing import call_ms, device_time, rotation
 from pallas_kernels.verify_attention import api
 
 # KV cache of kv_len slots holding kv_len - T committed tokens plus the T new ones.
@@ -34,11 +37,13 @@ def median_ms(fn, *args, repeats: int) -> tuple[float, float]:
   return statistics.median(times), min(times)
 
 
-def run_attention(quick: bool = False, budget_s: float = 150.0) -> list[dict]:
+def run_attention(quick: bool = False, budget_s: float = 150.0, device: bool = False,
+                  grid: dict | None = None) -> list[dict]:
   """One row per (kv_len, G, T, impl): median/min ms, K/V bytes read per ms as GB/s, error vs the
-  reference, and the kernel's tiling. Points not started within budget_s seconds are skipped (each
-  point compiles a kernel), so the command stays inside its time limit."""
-  shape = QUICK if quick else FULL
+  reference, and the kernel's tiling; with `device`, the device time per call too. Points not
+  started within budget_s seconds are skipped (each point compiles a kernel), so the command stays
+  inside its time limit. grid: overrides of ts / groups / kv_lens."""
+  shape = dict(QUICK if quick else FULL, **(grid or {}))
   deadline = time.monotonic() + budget_s
   b, kvh, dh, dtype = shape["batch"], shape["kv_heads"], shape["head_dim"], shape["dtype"]
   backend = jax.default_backend()
@@ -84,6 +89,15 @@ def run_attention(quick: bool = False, budget_s: float = 150.0) -> list[dict]:
           max_abs_err=float(jnp.abs(out - want).max()),
           **{key: options[key] for key in ("block_q", "block_k", "num_splits", "interpret")
              if key in options}))
+      if device:
+        def fresh(i, q=q, k=k, v=v, lengths=lengths):   # copies: every call reads cold K/V
+          return q, k + 0 * i, v + 0 * i, lengths
+        stats = device_time(fn, rotation(fresh, kv_bytes), match="verify_attention"
+                            if impl == "pallas" else None)
+        rows[-1]["device"] = stats
+        if stats is not None:
+          us = stats.get("kernel_us") or stats["device_us"]
+          rows[-1]["device_hbm_gb_per_s"] = kv_bytes / (us * 1e-6) / 1e9
       print(json.dumps(rows[-1]), flush=True)
   return rows
 
@@ -108,14 +122,28 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--quick", action="store_true", help="tiny shapes: a smoke test")
   parser.add_argument("--attention-budget-s", type=float, default=150.0,
                       help="start no attention point after this many seconds")
+  parser.add_argument("--device-time", action="store_true",
+                      help="also the device's own time per call, from a profiler trace")
+  parser.add_argument("--ts", default=None, help="comma-separated T values (default: the grid's)")
+  parser.add_argument("--groups", default=None, help="comma-separated G values")
+  parser.add_argument("--kv-lens", default=None, help="comma-separated KV lengths")
+  parser.add_argument("--no-gmm", action="store_true", help="skip the grouped-GEMM benchmark")
   args = parser.parse_args(argv)
+  grid = {}
+  for key, text in (("ts", args.ts), ("groups", args.groups), ("kv_lens", args.kv_lens)):
+    if text:
+      try:
+        grid[key] = tuple(int(x) for x in text.split(","))
+      except ValueError:
+        parser.error(f"--{key.replace('_', '-')} takes comma-separated integers, got {text!r}")
   with warnings.catch_warnings():
     # jax >= 0.11 deprecates Pallas' Triton backend; the kernel still uses it on purpose.
     warnings.simplefilter("ignore", DeprecationWarning)
     report = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
                   jax_version=jax.__version__, quick=args.quick,
-                  attention=run_attention(args.quick, args.attention_budget_s),
-                  gmm=run_gmm(args.quick))
+                  attention=run_attention(args.quick, args.attention_budget_s,
+                                          args.device_time, grid),
+                  gmm=[] if args.no_gmm else run_gmm(args.quick))
   with open(args.json, "w") as f:
     json.dump(report, f, indent=1)
 

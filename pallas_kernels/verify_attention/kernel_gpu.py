@@ -84,12 +84,15 @@ def compiler_params(block_q: int, block_k: int, num_warps: int | None, num_stage
   return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable,
+def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, prefix_len, fetch_prefix: Callable,
                 fetch_new: Callable, group: int, num_new: int, block_k: int, block_new: int,
                 num_splits: int, scale: float):
   """The body shared by the contiguous and paged kernels, for one (row, KV head, tile, split).
 
-  fetch_prefix(j) -> k, v [block_k, Dh] for prefix columns j*block_k + i (masked to < length here);
+  prefix_len: the row's committed length clamped to the cache's capacity (a length past the cache
+              must not walk past it: every slot of the cache is then prefix).
+  fetch_prefix(j) -> k, v [block_k, Dh] and which of them are keys [block_k] for prefix columns
+                    j*block_k + i (< prefix_len, and in an allocated page for a paged cache);
   fetch_new(c)   -> k, v [block_new, Dh] for new keys u = c*block_new + i, zero where invalid, and
                     which of them exist [block_new] (u < T and inside the cache).
   """
@@ -114,8 +117,8 @@ def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable
 
   def prefix_step(j, carry):
     cols = j * block_k + jnp.arange(block_k)
-    k, v = fetch_prefix(j)
-    return update(carry, k, v, (cols < length)[None, :])
+    k, v, valid = fetch_prefix(j)
+    return update(carry, k, v, (valid & (cols < prefix_len))[None, :])
 
   def new_step(c, carry):   # causal: c is a loop index
     u = c * block_new + jnp.arange(block_new)
@@ -130,8 +133,8 @@ def attend_tile(q_ref, tm_ref, o_ref, lse_ref, *, length, fetch_prefix: Callable
   carry = (jnp.zeros((block_q, head_dim), jnp.float32),
            jnp.full((block_q,), _M_INIT, jnp.float32),
            jnp.zeros((block_q,), jnp.float32))
-  # This split's even share of the prefix blocks below `length`; blocks past it are never read.
-  num_blocks = pl.cdiv(length, block_k)
+  # This split's even share of the prefix blocks below `prefix_len`; blocks past it are never read.
+  num_blocks = pl.cdiv(prefix_len, block_k)
   per_split = pl.cdiv(num_blocks, num_splits)
   first = split * per_split
   carry = lax.fori_loop(first, jnp.minimum(first + per_split, num_blocks), prefix_step, carry)
@@ -159,12 +162,14 @@ def _contiguous_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, tree: bool, spli
   kv_len = k_ref.shape[0]
   block_k, block_new = static["block_k"], static["block_new"]
 
+  prefix_len = jnp.minimum(length, kv_len)
+
   def fetch_prefix(j):
     start = pl.multiple_of(j * block_k, block_k)
-    valid = (start + jnp.arange(block_k) < length)[:, None]
-    k = pltriton.load(k_ref.at[pl.ds(start, block_k), :], mask=valid, other=0.0)
-    v = pltriton.load(v_ref.at[pl.ds(start, block_k), :], mask=valid, other=0.0)
-    return k, v
+    valid = start + jnp.arange(block_k) < prefix_len
+    k = pltriton.load(k_ref.at[pl.ds(start, block_k), :], mask=valid[:, None], other=0.0)
+    v = pltriton.load(v_ref.at[pl.ds(start, block_k), :], mask=valid[:, None], other=0.0)
+    return k, v, valid
 
   def fetch_new(c):
     start = length + c * block_new
@@ -175,7 +180,7 @@ def _contiguous_kernel(lengths_ref, q_ref, k_ref, v_ref, *refs, tree: bool, spli
     v = pltriton.load(v_ref.at[pl.ds(start, block_new), :], mask=exists[:, None], other=0.0)
     return k, v, exists
 
-  attend_tile(q_ref, tm_ref, o_ref, lse_ref, length=length, fetch_prefix=fetch_prefix,
+  attend_tile(q_ref, tm_ref, o_ref, lse_ref, prefix_len=prefix_len, fetch_prefix=fetch_prefix,
               fetch_new=fetch_new, **static)
 
 

@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.verify_attention.packing import pack_queries, pack_tree_mask, unpack_output
+from pallas_kernels.verify_attention.reference import normalize_tables
 
 DTYPES = (jnp.float32, jnp.bfloat16)
 LANES = 128
@@ -118,6 +119,7 @@ def kv_block(lengths_ref, b, s, j, *, num_new: int, capacity: int, block_k: int,
 def _kernel(*refs, tree: bool, split_kv: bool, paged: bool, kvh: int, group: int, num_new: int,
             block_k: int, capacity: int, num_splits: int, scale: float):
   lengths_ref = refs[0]
+  tables_ref = refs[1] if paged else None
   q_ref, k_ref, v_ref = refs[1 + paged:4 + paged]
   rest = refs[4 + paged:]
   tm_ref, rest = (rest[0], rest[1:]) if tree else (None, rest)
@@ -148,11 +150,13 @@ def _kernel(*refs, tree: bool, split_kv: bool, paged: bool, kvh: int, group: int
       onehot = (blk * block_k + lax.broadcasted_iota(jnp.int32, (num_new, block_k), 1) - length
                 == lax.broadcasted_iota(jnp.int32, (num_new, block_k), 0)).astype(jnp.float32)
       allowed = jnp.dot(tm_ref[...], onehot, preferred_element_type=jnp.float32) > 0.5
-    visible = (col < length) | (is_new & allowed)
+    # a block in no page (table entry -1) holds no key
+    in_page = tables_ref[b * (capacity // block_k) + blk] >= 0 if paged else True
+    visible = ((col < length) | (is_new & allowed)) & (col < capacity) & in_page
     # Slots past the row's end may hold anything (another row's pages, never-written memory):
     # zero V there, so that a 0 probability cannot meet an inf or NaN.
     v_slot = blk * block_k + lax.broadcasted_iota(jnp.int32, (block_k, q_ref.shape[2]), 0)
-    v_ok = v_slot < jnp.minimum(length + num_new, capacity)
+    v_ok = (v_slot < jnp.minimum(length + num_new, capacity)) & in_page
     precision = lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
     for h in range(kvh):   # static: every KV head of this row shares the fetched block
       q = q_ref[h]                                                     # [bq, Dh]
@@ -205,7 +209,7 @@ def _call(q, k, v, lengths, tree_mask, tables, *, block_k: int, block_q: int | N
     num_pages = tables.shape[1]
 
     def kv_map(i, r, s, j, lengths_ref, tables_ref):
-      return tables_ref[i * num_pages + where(lengths_ref, i, s, j)[0]], 0, 0, 0
+      return jnp.maximum(tables_ref[i * num_pages + where(lengths_ref, i, s, j)[0]], 0), 0, 0, 0
     kv_spec = pl.BlockSpec((None, block_k, kvh, dh), kv_map)
     prefetch = (lengths.astype(jnp.int32), tables.reshape(-1).astype(jnp.int32))
   else:
@@ -266,7 +270,7 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
                                   tree_mask: jax.Array | None = None, *, block_q: int | None = None,
                                   num_splits: int = 1, interpret: bool = False) -> jax.Array:
   """Same contract as `paged_verify_attention_reference`; one page per KV block, its index read
-  from the scalar-prefetched block table (entries are clipped to the pool, as on GPU)."""
-  tables = jnp.clip(block_tables.astype(jnp.int32), 0, k_pages.shape[0] - 1)
+  from the scalar-prefetched block table (an entry outside the pool, -1, is no page)."""
+  tables = normalize_tables(block_tables, k_pages.shape[0])
   return _call(q, k_pages, v_pages, lengths, tree_mask, tables, block_k=k_pages.shape[1],
                block_q=block_q, num_splits=num_splits, interpret=interpret)

@@ -12,6 +12,7 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.verify_attention import kernel_gpu as kern
 from pallas_kernels.verify_attention.packing import pack_queries, pack_tree_mask, unpack_output
+from pallas_kernels.verify_attention.reference import normalize_tables
 
 
 
@@ -27,26 +28,33 @@ def _paged_kernel(lengths_ref, tables_ref, q_ref, k_ref, v_ref, *refs, tree: boo
   block_k, block_new = static["block_k"], static["block_new"]
   pages_per_block = block_k // page_size
 
+  prefix_len = jnp.minimum(length, capacity)
+
   def fetch_prefix(j):
+    slot = j * block_k + jnp.arange(block_k)
+    entry = tables_ref[jax.lax.div(slot, page_size)]                    # [bk]; < 0: no page
     start = pl.multiple_of(j * pages_per_block, pages_per_block)
-    pages = tables_ref[pl.ds(start, pages_per_block)]                   # [pages_per_block]
-    # A table past the prefix may hold any page: zero V there so 0-weight garbage cannot be NaN.
-    valid = (j * block_k + jnp.arange(block_k) < length)[:, None]
+    pages = jnp.maximum(tables_ref[pl.ds(start, pages_per_block)], 0)   # [pages_per_block]
+    # Slots past the prefix or in no page may hold anything: zero V there so that a 0 weight
+    # cannot meet an inf or NaN.
+    valid = (slot < prefix_len) & (entry >= 0)
     k = k_ref[pages].reshape(block_k, -1)                               # [bk, Dh]
-    v = jnp.where(valid, v_ref[pages].reshape(block_k, -1), 0)
-    return k, v
+    v = jnp.where(valid[:, None], v_ref[pages].reshape(block_k, -1), 0)
+    return k, v, valid
 
   def fetch_new(c):
     slot = length + c * block_new + jnp.arange(block_new)               # logical slots
     exists = (slot < length + static["num_new"]) & (slot < capacity)
     slot = jnp.where(exists, slot, 0)
     page = tables_ref[jax.lax.div(slot, page_size)]                     # [block_new]
+    exists = exists & (page >= 0)                                       # a key in no page is none
+    page = jnp.maximum(page, 0)
     offset = slot % page_size
     k = jnp.where(exists[:, None], k_ref[page, offset], 0)              # [block_new, Dh]
     v = jnp.where(exists[:, None], v_ref[page, offset], 0)
     return k, v, exists
 
-  kern.attend_tile(q_ref, tm_ref, o_ref, lse_ref, length=length, fetch_prefix=fetch_prefix,
+  kern.attend_tile(q_ref, tm_ref, o_ref, lse_ref, prefix_len=prefix_len, fetch_prefix=fetch_prefix,
                    fetch_new=fetch_new, **static)
 
 
@@ -61,9 +69,11 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
   """Same contract as `paged_verify_attention_reference` (a row that sees no key gets zeros).
 
   Pages k/v [P, page_size, KVH, Dh]; row b's logical slot s lives in page block_tables[b, s //
-  page_size] at offset s % page_size; the logical capacity is pages_per_seq * page_size. A prefix
-  block is max(block_k, page_size) slots, whole pages gathered through the table; the new keys are
-  gathered slot by slot. Grid and packing as in `kernel.verify_attention_kernel`.
+  page_size] at offset s % page_size; the logical capacity is pages_per_seq * page_size. A table
+  entry outside [0, P) (the sentinel is -1) is no page: its slots hold no key (`reference.
+  normalize_tables`). A prefix block is max(block_k, page_size) slots, whole pages gathered through
+  the table; the new keys are gathered slot by slot. Grid and packing as in
+  `kernel_gpu.verify_attention_kernel`.
   """
   b, t, hq, dh = q.shape
   num_pages, page_size, kvh, _ = k_pages.shape
@@ -79,9 +89,9 @@ def paged_verify_attention_kernel(q: jax.Array, k_pages: jax.Array, v_pages: jax
                     tree_cols=0 if tree_mask is None else tree_cols)
   pages_per_block = block_k // page_size
   capacity = block_tables.shape[1] * page_size
-  # Whole blocks of table entries, every entry a real page (the padding is never attended).
-  tables = jnp.clip(block_tables.astype(jnp.int32), 0, num_pages - 1)
-  tables = jnp.pad(tables, ((0, 0), (0, -tables.shape[1] % pages_per_block)))
+  # Whole blocks of table entries; the padding is no page (and past the capacity anyway).
+  tables = normalize_tables(block_tables, num_pages)
+  tables = jnp.pad(tables, ((0, 0), (0, -tables.shape[1] % pages_per_block)), constant_values=-1)
   qp = pack_queries(q, kvh, block_q)                               # [B, KVH, R, Dh]
   rows = qp.shape[2]
   grid = (b, kvh, rows // block_q, num_splits)

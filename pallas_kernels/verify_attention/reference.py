@@ -74,7 +74,20 @@ def gather_pages(pages: jax.Array, block_tables: jax.Array) -> jax.Array:
   return pages[block_tables].reshape(b, n * page_size, kvh, dh)
 
 
+def normalize_tables(block_tables: jax.Array, num_pages: int) -> jax.Array:
+  """Block tables with every entry outside [0, num_pages) set to -1, the "no page" sentinel: a
+  slot in no page holds no key (a row's pages past its length may be left unallocated)."""
+  t = block_tables.astype(jnp.int32)
+  return jnp.where((t >= 0) & (t < num_pages), t, -1)
+
+
 def paged_verify_attention_reference(q, k_pages, v_pages, block_tables, lengths, tree_mask=None):
-  """q [B, T, Hq, Dh] -> [B, T, Hq, Dh]; the contiguous reference over the gathered pages."""
-  return verify_attention_reference(q, gather_pages(k_pages, block_tables),
-                                    gather_pages(v_pages, block_tables), lengths, tree_mask)
+  """q [B, T, Hq, Dh] -> [B, T, Hq, Dh]; the contiguous reference over the gathered pages, where
+  the slots of table entries outside [0, P) (-1: no page) hold no key."""
+  num_pages, page_size = k_pages.shape[:2]
+  tables = normalize_tables(block_tables, num_pages)
+  gathered = jnp.maximum(tables, 0)
+  k, v = gather_pages(k_pages, gathered), gather_pages(v_pages, gathered)
+  in_page = jnp.repeat(tables >= 0, page_size, axis=1)                         # [B, S]
+  mask = attention_mask(lengths, q.shape[1], k.shape[1], tree_mask) & in_page[:, None, :]
+  return verify_attention_reference(q, k, v, lengths, tree_mask, mask=mask)

@@ -17,7 +17,7 @@ from flax import nnx
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Llama
-from pallas_kernels.verify_attention import (choose_impl, paged_verify_attention,
+from pallas_kernels.verify_attention import (attention_mask, choose_impl, paged_verify_attention,
                                              paged_verify_attention_reference, verify_attention,
                                              verify_attention_reference)
 
@@ -390,3 +390,40 @@ def test_speculative_generate_on_the_tpu_kernel_equals_plain_decoding():
   plain = Decoder(model).generate(prompts, **kw)
   assert spec.token_ids == plain.token_ids
   assert spec.rounds < 2 * 11      # drafts were accepted: multi-token verify blocks ran (2 rows)
+
+
+# --- Review fixes: lengths past the cache, block tables past their end, the no-page sentinel (-1).
+@pytest.mark.parametrize("impl,kw", [("pallas_gpu", dict(block_k=16)),
+                                     ("pallas_tpu", dict(block_k=128))])
+def test_a_length_past_the_cache_attends_the_whole_cache(impl, kw):
+  """Row 0's length (230) is past the cache (S = 200, not a block multiple): every slot is prefix,
+  and nothing past S may be read (the GPU kernel walked past S, the TPU one saw the padding)."""
+  q, k, v, lengths, _ = make_inputs(2, 3, 4, 2, 200, 16, [230, 5])
+  want = reference(q, k, v, lengths, None)
+  assert np.isfinite(np.asarray(want)).all()
+  out = verify_attention(q, k, v, lengths, impl=impl, interpret=True, **kw)
+  assert np.isfinite(np.asarray(out)).all()
+  assert_close(out, want, jnp.float32)
+
+
+@pytest.mark.parametrize("impl", ["pallas_gpu", "pallas_tpu"])
+def test_paged_no_page_sentinel_and_tables_past_their_end(impl):
+  """Row 0: length 70 past its 4 pages of 16 (the kernel must not walk past the table). Row 1: its
+  page 2 is unallocated (-1) inside its prefix and new keys, page 3 points past the pool (99); both
+  are no page, whose slots hold no key, in the reference and in the kernels alike."""
+  q, k, v, lengths, tm = make_inputs(2, 3, 4, 2, 64, 16, [70, 40], tree=True, seed=5)
+  (k_pages, tables), (v_pages, _) = to_pages(k, 16, 0), to_pages(v, 16, 0)
+  tables = tables.at[1, 2].set(-1).at[1, 3].set(99)
+  want = paged_reference(q, k_pages, v_pages, tables, lengths, tm)
+  # The sentinel's meaning, built independently: the contiguous cache with row 1's slots 32..63
+  # masked out of the attention.
+  slot_ok = np.ones((2, 64), bool)
+  slot_ok[1, 32:] = False
+  mask = attention_mask(lengths, 3, 64, tm) & jnp.asarray(slot_ok)[:, None, :]
+  defined = verify_attention_reference(q, k, v, lengths, tm, mask=mask)
+  np.testing.assert_allclose(np.asarray(want), np.asarray(defined), atol=1e-6)
+  assert np.isfinite(np.asarray(want)).all()
+  out = paged_verify_attention(q, k_pages, v_pages, tables, lengths, tm, impl=impl,
+                               interpret=True, **(dict(block_k=16) if impl == "pallas_gpu" else {}))
+  assert np.isfinite(np.asarray(out)).all()
+  assert_close(out, want, jnp.float32)
