@@ -244,9 +244,7 @@ class Decoder:
       lowered = prefill.lower(self.graphdef, *args_pre)
       run_prefill = lowered.compile()
       # The decode loop is compiled for the prefill's outputs as they come (on a mesh: as placed).
-      logits_shape, cache_shape = jax.tree.map(
-          lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-          lowered.out_info, run_prefill.output_shardings)
+      logits_shape, cache_shape = sharding.output_specs(lowered, run_prefill)
       self._programs[key] = (
           run_prefill,
           decode.lower(self.graphdef, self.weights, cache_shape, logits_shape, params,

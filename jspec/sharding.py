@@ -138,3 +138,11 @@ def initialize_from_env() -> bool:
                      f"be integers too ({e})") from e
   jax.distributed.initialize(address, num_processes=num, process_id=rank)
   return True
+
+
+def output_specs(lowered, compiled):
+  """ShapeDtypeStructs of a program's outputs as they come out, placement included (the lowered
+  program's shapes, the compiled one's shardings): what a next program is compiled for ahead of
+  time, so that an output passed on is not resharded or refused."""
+  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                      lowered.out_info, compiled.output_shardings)

@@ -141,10 +141,8 @@ class SpecDecoder:
               jnp.asarray(lens), jnp.asarray(max_new), sampling, keys, request)
       lowered = engine.spec_prefill.lower(self.graphdef, *args, max_len=max_len, eos_ids=eos_ids)
       pre = lowered.compile()
-      # The SpecState as the prefill returns it (shapes, and placement on a mesh), to compile the
-      # loop ahead of time too.
-      state = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                           lowered.out_info, pre.output_shardings)
+      # The SpecState as the prefill returns it, to compile the loop ahead of time too.
+      state = sharding.output_specs(lowered, pre)
       gen = engine.spec_generate.lower(self.graphdef, self.weights, self.drafter,
                                        self.drafter_params, state, sampling,
                                        eos_ids=eos_ids).compile()
