@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec import tree
 from jspec.drafters.base import Context
 from jspec.rejection import verify
 from jspec.sampling import SamplingParams, sample
@@ -138,7 +139,11 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   # W = D, or (adaptive drafters, jspec.adaptive) the W the drafter picks from earlier rounds and
   # this draft, among its compiled lengths.
   verify_keys = _step_keys(state.keys, step, 2)
-  if lengths is None:
+  if draft.parent is not None:
+    n_acc, new, out_cache, hidden = _verify_tree(model, drafter, state, draft, draft_len, sampling,
+                                                 verify_keys)
+    extra_argmax = None
+  elif lengths is None:
     n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
         model, drafter, state, draft, draft_len, sampling, verify_keys, d)
   else:
@@ -212,6 +217,27 @@ def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, 
     return n_acc, new, out.cache, hidden, extra_argmax
   kv = tuple(tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in xs) for xs in out.new_kv)
   return n_acc, new, kv, hidden, extra_argmax
+
+
+def _verify_tree(model, drafter, state: SpecState, draft, num_nodes, sampling, keys):
+  """Verifies a tree draft (jspec.tree) in one forward over [last committed, nodes] at positions
+  prefix + depth under the ancestor mask, accepts a root-to-node path, and compacts: the forward writes
+  the block at slots length-1 .., then the path's K/V moves to the contiguous slots from length-1,
+  and the block's taps are gathered along the path. Returns (n_acc, emitted [B, N+1], cache, taps)."""
+  b, n = draft.tokens.shape
+  last = state.tokens[jnp.arange(b), state.length - 1]
+  block = jnp.concatenate([last[:, None], draft.tokens], axis=1)                 # [B, N+1]
+  # a node whose block slot falls past the cache is never accepted (nor are its descendants)
+  num_nodes = jnp.minimum(num_nodes, state.tokens.shape[1] - state.length)
+  mask = tree.ancestor_mask(draft.parent)
+  positions = (state.length - 1)[:, None] + tree.depths(mask)
+  out = model(block, state.cache, positions=positions, tree_mask=mask, taps=drafter.target_taps)
+  n_acc, path, new = tree.verify(keys, out.logits, sampling, draft.tokens, draft.parent, draft.q,
+                                 num_nodes)
+  cache = tree.compact(out.cache, state.length - 1, path)
+  hidden = tuple(jnp.take_along_axis(h, path[:, :, None], axis=1).astype(jnp.float32)
+                 for h in out.hidden)
+  return n_acc, new, cache, hidden
 
 
 def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra,

@@ -56,6 +56,10 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
                                        draft_model=draft_model)
   if not config.adaptive:
     return drafter, params
+  if getattr(drafter, "tree", False):
+    raise ValueError("adaptive draft lengths (num_speculative_tokens='auto' or draft_lengths) work "
+                     "with chains only; give a tree drafter a fixed node budget "
+                     "(num_speculative_tokens=N)")
   costs = cost_table or CostTable.default(method=config.method)
   wrapped = AdaptiveDrafter(drafter, config.draft_lengths, tuple(sorted(costs.verify)))
   return wrapped, wrapped.make_params(params, costs)

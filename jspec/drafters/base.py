@@ -27,6 +27,11 @@ class Draft:
   length: jax.Array | None = None   # [B] valid proposals per row (None = all D)
   extra: "ExtraTokens | None" = None   # tokens the target also runs in the verify forward
                                 # without verifying them (lookahead decoding's Jacobi window)
+  parent: jax.Array | None = None   # [B, D] a tree draft (jspec.tree): the block index of each
+                                # node's parent, in [0, i] for node i (0 = the last committed
+                                # token); nodes in topological order, D = the node count; q (if
+                                # any) is each node's proposal distribution, siblings drawn i.i.d.
+                                # from it; length = valid nodes. None = a chain.
 
 
 @jax.tree_util.register_dataclass

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters import registry
+from jspec.drafters import eagle_tree, registry
 from jspec.drafters.base import Context, Draft, draft_chain, draft_token
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
@@ -171,16 +171,26 @@ class Eagle3Drafter:
   target_taps: tuple[int, ...]
   sample: bool = True                 # sample from the processed q (recorded) vs argmax
   attention_impl: str = "auto"
-  variable_length = True              # propose(num=...) runs only num - 1 head steps
+  tree_top_k: int = 0                 # > 0: EAGLE-2 dynamic trees (jspec.drafters.eagle_tree) of
+  tree_depth: int = 0                 # num_draft nodes, top-k per node, to this depth
+  variable_length = True              # propose(num=...) runs only num - 1 head steps (chains)
+
+  @property
+  def tree(self) -> bool:
+    return self.tree_top_k > 0
 
   @classmethod
-  def from_head(cls, head: Eagle3Head, target: Llama, num_draft: int, *, sample: bool = True):
-    """Returns (drafter, params); checks that the head fits the target first."""
+  def from_head(cls, head: Eagle3Head, target: Llama, num_draft: int, *, sample: bool = True,
+                tree_top_k: int = 0, tree_depth: int = 0):
+    """Returns (drafter, params); checks that the head fits the target first. tree_top_k > 0
+    drafts EAGLE-2 trees of num_draft nodes instead of chains."""
     head.config.check_target(target.config)
+    if tree_top_k or tree_depth:
+      eagle_tree.check(tree_top_k, tree_depth, num_draft, head.config.draft_vocab_size)
     graphdef, state = nnx.split(head)
     params = {"head": state, "embed": target.embed.embedding[...]}
     return cls(graphdef, num_draft, tuple(head.config.taps), sample,
-               target.attention_impl), params
+               target.attention_impl, tree_top_k, tree_depth), params
 
   def _catch_up(self, head, embed, cache: KVCache, taps, next_tokens, start, num_valid):
     """Runs the head over a block of committed positions start .. start+T-1 whose target taps are
@@ -222,6 +232,10 @@ class Eagle3Drafter:
   def propose(self, params, state: Eagle3State, ctx: Context, key: jax.Array, num=None):
     head = nnx.merge(self.graphdef, params["head"])
     embed = params["embed"]
+    if self.tree:
+      draft = eagle_tree.propose_tree(head, embed, state, self.tree_top_k, self.tree_depth,
+                                      self.num_draft)
+      return draft, state
 
     def pick(draft_logits, i):
       return draft_token(head.target_logits(draft_logits), ctx.sampling, key, i, self.sample)
@@ -246,7 +260,15 @@ class Eagle3Drafter:
 class Eagle3Options:
   head: str | None = None        # a speculators-format folder (default: the head shipped for
                                  # the target, if there is one)
-  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax (chains)
+  tree_top_k: int = 0            # > 0: EAGLE-2 dynamic trees: top-k children per node, the
+  tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
+
+  def __post_init__(self):
+    if (self.tree_top_k > 0) != (self.tree_depth > 0) or self.tree_top_k < 0 or \
+        self.tree_depth < 0:
+      raise ValueError(f"EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1 (or neither: "
+                       f"a chain), got tree_top_k={self.tree_top_k}, tree_depth={self.tree_depth}")
 
 
 def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None):
@@ -261,7 +283,8 @@ def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None)
       sha = speculators_format.shipped(target.config)[1]
     dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
     head = speculators_format.load_eagle3(path, dtype=dtype, expected_sha256=sha)
-  return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling)
+  return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling,
+                                 tree_top_k=opts.tree_top_k, tree_depth=opts.tree_depth)
 
 
 registry.register(registry.Method(
@@ -269,4 +292,9 @@ registry.register(registry.Method(
     help="EAGLE-3 head over the target's hidden states (chain)",
     cli_flags=(registry.CliFlag("--head", "head", str,
                                 "EAGLE-3 head folder (speculators format; default: the shipped "
-                                "head for the default model)"),)))
+                                "head for the default model)"),
+               registry.CliFlag("--tree-top-k", "tree_top_k", int,
+                                "EAGLE-2 dynamic tree: children per node (0 = chain); "
+                                "--num-draft is then the node budget"),
+               registry.CliFlag("--tree-depth", "tree_depth", int,
+                                "EAGLE-2 dynamic tree: depth"))))
