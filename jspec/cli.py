@@ -88,12 +88,16 @@ def _spec_config(drafter: str, num_draft: int, args):
   from jspec.config import SpeculativeConfig
   from jspec.drafters import registry
 
-  entry = registry.get(drafter)
+  from jspec.bench.speedup import parse_drafter
+
+  method, over = parse_drafter(drafter)
+  entry = registry.get(method)
   cfg = dict(method=entry.name, num_speculative_tokens=num_draft)
   for f in entry.cli_flags:
     value = getattr(args, f.flag.lstrip("-").replace("-", "_"), None)
     if value is not None:
       cfg[f.field] = value
+  cfg.update(over)
   if entry.name == "draft_model" and "draft_model" not in cfg:
     cfg["draft_model"] = args.model      # the target as its own draft
   return SpeculativeConfig.from_dict(cfg)
@@ -458,7 +462,9 @@ def _parse(argv) -> argparse.Namespace:
   s.add_argument("--model", default=DEFAULT_MODEL)
   s.add_argument("--drafters", default="ngram,layer-skip",
                  help="comma-separated, of: " + ", ".join(_drafter_names()) +
-                 " (draft-model defaults to the target as its own draft)")
+                 " (draft-model defaults to the target as its own draft); a variant sets "
+                 "method keys, e.g. eagle3:tree_top_k=3:tree_depth=4 (a tree: --num-draft is "
+                 "its node budget)")
   s.add_argument("--num-draft", default="1,3,7",
                  help="comma-separated D values; 'auto' for the adaptive draft length")
   s.add_argument("--batch-size", default="1,4")

@@ -8,6 +8,7 @@ category "all".
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 import sys
@@ -56,10 +57,28 @@ RECORD_FIELDS = {
 }
 
 
+def parse_drafter(spec: str) -> tuple[str, dict]:
+  """A drafter variant: "eagle3:tree_top_k=3:tree_depth=4" -> ("eagle3", {"tree_top_k": 3,
+  "tree_depth": 4}); values are JSON where they parse (numbers, true/false), text otherwise."""
+  method, *pairs = spec.split(":")
+  over = {}
+  for pair in pairs:
+    key, sep, value = pair.partition("=")
+    if not sep or not key:
+      raise ValueError(f"drafter variant {spec!r}: write method:key=value[:key=value...]")
+    try:
+      over[key] = json.loads(value)
+    except json.JSONDecodeError:
+      over[key] = value
+  return method, over
+
+
 def spec_config(drafter: str, d: int, options: dict | None = None) -> SpeculativeConfig:
-  """options: the method's own config keys (e.g. {"num_layers": 7} for layer-skip)."""
-  return SpeculativeConfig.from_dict({"method": drafter, "num_speculative_tokens": d,
-                                      **(options or {})})
+  """drafter: a method, or a variant (`parse_drafter`); options: the method's own config keys
+  (e.g. {"num_layers": 7} for layer-skip); a variant's keys override them."""
+  method, over = parse_drafter(drafter)
+  return SpeculativeConfig.from_dict({"method": method, "num_speculative_tokens": d,
+                                      **(options or {}), **over})
 
 
 def _num(x) -> str:

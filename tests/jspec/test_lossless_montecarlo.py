@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 1e5 rows (4 parameter groups
-of 25,000). A chi-square test per sampled group at p < 1e-4 (27 tests in this file) gives a
+of 25,000). A chi-square test per sampled group at p < 1e-4 (30 tests in this file) gives a
 false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -90,13 +90,16 @@ def eagle3_head():
 
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
-                                    "draft_model-moe"])
+                                    "draft_model-moe", "eagle3-tree"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
                                                      method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
     target = moe_target
+  if method.endswith("-tree"):   # EAGLE-2 trees: 4 nodes, top-2 children, depth 2
+    method = cfg["method"] = method.removesuffix("-tree")
+    cfg.update(num_speculative_tokens=4, tree_top_k=2, tree_depth=2)
   if method.endswith("-auto"):   # adaptive over draft lengths {0, 1, 2}
     method = cfg["method"] = method.removesuffix("-auto")
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])

@@ -166,3 +166,22 @@ def test_cli_auto_beside_fixed_lengths_builds_every_config(tmp_path, monkeypatch
   cli.main(["bench", "--prompts", str(f), "--drafters", "ngram", "--num-draft", "1,auto"])
   assert seen["num_draft"] == (1, "auto") and seen["drafter_options"] == {"ngram": {
       "prompt_lookup_min": 1, "prompt_lookup_max": 4}}
+
+
+def test_drafter_variants(tmp_path, monkeypatch, loaded):
+  assert speedup.parse_drafter("eagle3:tree_top_k=3:tree_depth=4:head=/x") == (
+      "eagle3", {"tree_top_k": 3, "tree_depth": 4, "head": "/x"})
+  assert speedup.spec_config("ngram:prompt_lookup_max=2", 3).options.prompt_lookup_max == 2
+  seen = {}
+  monkeypatch.setattr(cli, "_load", lambda name: loaded)
+  monkeypatch.setattr(speedup, "run", lambda *a, **k: seen.update(k) or {"results": []})
+  monkeypatch.setattr(speedup, "markdown", lambda report: "")
+  f = tmp_path / "p.jsonl"
+  f.write_text(json.dumps(dict(id="a", category="x", prompt="p")) + "\n")
+  cli.main(["bench", "--prompts", str(f), "--drafters", "ngram,ngram:prompt_lookup_max=2"])
+  assert seen["drafter_options"]["ngram:prompt_lookup_max=2"]["prompt_lookup_max"] == 2
+  assert seen["drafter_options"]["ngram"]["prompt_lookup_max"] == 4
+  for bad, message in (("ngram:oops", "method:key=value"), ("ngram:nope=1", "unknown")):
+    with pytest.raises(SystemExit) as e:
+      cli.main(["bench", "--prompts", str(f), "--drafters", bad])
+    assert message in str(e.value)
