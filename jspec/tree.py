@@ -35,6 +35,7 @@ def chain_parents(b: int, d: int) -> jax.Array:
 
 def ancestor_mask(parent: jax.Array) -> jax.Array:
   """[B, N] parents -> [B, N+1, N+1] bool: block token i sees token j iff j is i or an ancestor."""
+  parent = jnp.asarray(parent, jnp.int32)
   b, n = parent.shape
   eye = jnp.eye(n + 1, dtype=bool)
   rows = jnp.arange(b)
