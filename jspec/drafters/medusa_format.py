@@ -1,0 +1,190 @@
+"""Medusa heads on disk (config.json + model.safetensors + checksums.json, in the layout of
+FasterDecoding/Medusa's checkpoints), plus the heads shipped with the package.
+
+Weights use torch's [out, in] layout and Medusa's names: `medusa_head.{k}.{l}.linear.weight` /
+`.bias` for ResBlock l of head k and `medusa_head.{k}.{L}.weight` [Vd, H] for its LM head; the
+draft vocabulary as in the EAGLE-3 format (`d2t` int64 offsets, target = draft + d2t[draft]; `t2d`
+bool [V]). `checksums.json` (sha256 per file) is verified on load when present.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jspec.drafters.medusa import MedusaConfig, MedusaHead
+from jspec.drafters.speculators_format import CHECKSUMS, CONFIG, HEADS_DIR, WEIGHTS, HeadLoadError
+from models.config import LlamaConfig
+
+_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim")
+# Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
+SHIPPED: list[tuple[dict, str, str]] = [
+    # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
+    ({k: getattr(LlamaConfig.smollm2_135m(), k) for k in _SHAPE},
+     "smollm2-135m-instruct-medusa",
+     "f6e7a8ff4ce79d163a88adc44fa94b9aade46b0374988e3e4a345b6b80d57c4e"),
+]
+
+
+def shipped(target: LlamaConfig) -> tuple[str, str] | None:
+  """(folder, weights sha256) of the Medusa head shipped for a target of this shape, if any."""
+  for shape, folder, sha in SHIPPED:
+    if all(getattr(target, k) == v for k, v in shape.items()):
+      return os.path.join(HEADS_DIR, folder), sha
+  return None
+
+
+def shipped_head(target: LlamaConfig) -> str:
+  """The folder of the head shipped for `target`, or a clear error saying how to get one."""
+  if shipped(target) is not None:
+    return shipped(target)[0]
+  raise HeadLoadError("no Medusa head is shipped for this target model; pass one with "
+                      "head=PATH (--medusa-head PATH), e.g. one trained with `jspec train medusa`")
+
+
+def _names(cfg: MedusaConfig):
+  """(k, l, weight name, bias name) per ResBlock, then (k, LM-head name) per head."""
+  blocks = [(k, l, f"medusa_head.{k}.{l}.linear.weight", f"medusa_head.{k}.{l}.linear.bias")
+            for k in range(cfg.num_heads) for l in range(cfg.num_layers)]
+  heads = [(k, f"medusa_head.{k}.{cfg.num_layers}.weight") for k in range(cfg.num_heads)]
+  return blocks, heads
+
+
+def _config_dict(cfg: MedusaConfig, verifier: str) -> dict:
+  return {
+      "architectures": ["MedusaModel"],
+      "model_type": "medusa",
+      "medusa_num_heads": cfg.num_heads,
+      "medusa_num_layers": cfg.num_layers,
+      "hidden_size": cfg.hidden_size,
+      "vocab_size": cfg.vocab_size,
+      "draft_vocab_size": cfg.draft_vocab_size,
+      "base_model_name_or_path": verifier,
+      "jspec_format": "medusa/1",
+  }
+
+
+def save_medusa(head: MedusaHead, folder: str, *, dtype=jnp.bfloat16,
+                verifier: str = "") -> dict[str, str]:
+  """Writes config.json, model.safetensors (weights cast to `dtype`) and checksums.json; each file
+  atomically. Returns {file: sha256}."""
+  from safetensors.numpy import save
+
+  from jspec.io import atomic_write_bytes, check_writable
+  from models.fetch import sha256_of
+
+  os.makedirs(folder, exist_ok=True)
+  check_writable(os.path.join(folder, WEIGHTS))
+  cfg = head.config
+  cast = lambda x: np.asarray(jnp.asarray(x).astype(dtype))   # ml_dtypes numpy type for bf16
+  w, b, lm = head.res_kernel[...], head.res_bias[...], head.lm_head[...]
+  blocks, heads = _names(cfg)
+  tensors = {}
+  for k, l, wname, bname in blocks:
+    tensors[wname] = cast(w[k, l].T)                              # [out, in]
+    tensors[bname] = cast(b[k, l])
+  for k, name in heads:
+    tensors[name] = cast(lm[k].T)                                 # [Vd, H]
+  ids = np.asarray(head.draft_to_target[...], np.int64)
+  tensors["d2t"] = ids - np.arange(cfg.draft_vocab_size, dtype=np.int64)
+  t2d = np.zeros((cfg.vocab_size,), bool)
+  t2d[ids] = True
+  tensors["t2d"] = t2d
+  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
+  atomic_write_bytes(os.path.join(folder, CONFIG),
+                     (json.dumps(_config_dict(cfg, verifier), indent=2) + "\n").encode())
+  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
+  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
+  return sums
+
+
+def read_config(folder: str) -> MedusaConfig:
+  path = os.path.join(folder, CONFIG)
+  if not os.path.isdir(folder):
+    raise HeadLoadError(f"Medusa head folder {folder!r} does not exist")
+  if not os.path.isfile(path):
+    raise HeadLoadError(f"{path} is missing: a Medusa head folder holds {CONFIG} and {WEIGHTS}")
+  try:
+    with open(path) as f:
+      raw = json.load(f)
+    if "medusa_num_heads" not in raw:
+      raise HeadLoadError(f"{path} has no medusa_num_heads: not a Medusa head config")
+    return MedusaConfig(hidden_size=raw["hidden_size"], vocab_size=raw["vocab_size"],
+                        draft_vocab_size=raw.get("draft_vocab_size", raw["vocab_size"]),
+                        num_heads=raw["medusa_num_heads"],
+                        num_layers=raw.get("medusa_num_layers", 1))
+  except HeadLoadError:
+    raise
+  except (KeyError, TypeError, ValueError) as e:
+    raise HeadLoadError(f"{path} is not a valid Medusa config: {e!r}") from None
+
+
+def _check_sums(folder: str, expected_sha256: str | None) -> None:
+  from models.fetch import sha256_of
+
+  sums_path = os.path.join(folder, CHECKSUMS)
+  expected = {}
+  if os.path.isfile(sums_path):
+    with open(sums_path) as f:
+      expected = json.load(f)
+  if expected_sha256 is not None:
+    expected[WEIGHTS] = expected_sha256
+  for name, want in expected.items():
+    got = sha256_of(os.path.join(folder, name))
+    if got != want:
+      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
+                          "file is corrupt or was changed; restore or re-export the head")
+
+
+def load_medusa(folder: str, *, dtype=jnp.float32,
+                expected_sha256: str | None = None) -> MedusaHead:
+  """Reads a Medusa head folder; every check happens before any compilation."""
+  from safetensors.numpy import load_file
+
+  cfg = read_config(folder)
+  wpath = os.path.join(folder, WEIGHTS)
+  if not os.path.isfile(wpath):
+    raise HeadLoadError(f"{wpath} is missing (a Medusa head folder holds {CONFIG} and {WEIGHTS})")
+  _check_sums(folder, expected_sha256)
+  try:
+    tensors = load_file(wpath)
+  except Exception as e:   # safetensors raises its own error types for a malformed file
+    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
+
+  def get(name, shape):
+    if name not in tensors:
+      raise HeadLoadError(f"{wpath} lacks tensor {name!r}")
+    x = np.asarray(tensors[name])
+    if x.shape != shape:
+      raise HeadLoadError(f"{wpath}: {name} has shape {x.shape}, expected {shape} from {CONFIG}")
+    return x.astype(np.float32)
+
+  h, vd = cfg.hidden_size, cfg.draft_vocab_size
+  w = np.zeros((cfg.num_heads, cfg.num_layers, h, h), np.float32)
+  b = np.zeros((cfg.num_heads, cfg.num_layers, h), np.float32)
+  lm = np.zeros((cfg.num_heads, h, vd), np.float32)
+  blocks, heads = _names(cfg)
+  for k, l, wname, bname in blocks:
+    w[k, l] = get(wname, (h, h)).T
+    b[k, l] = get(bname, (h,))
+  for k, name in heads:
+    lm[k] = get(name, (vd, h)).T
+  if "d2t" not in tensors:
+    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
+  d2t = np.asarray(tensors["d2t"], np.int64)
+  if d2t.shape != (vd,):
+    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({vd},)")
+  ids = d2t + np.arange(vd)
+  if ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0):
+    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {cfg.vocab_size}) or not "
+                        "strictly increasing")
+  values = {("res_kernel",): jnp.asarray(w, dtype), ("res_bias",): jnp.asarray(b, dtype),
+            ("lm_head",): jnp.asarray(lm, dtype), ("draft_to_target",): jnp.asarray(ids, jnp.int32)}
+  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: MedusaHead(cfg, dtype=dtype)))
+  filled = [(path, var.replace(values[path])) for path, var in nnx.to_flat_state(abstract)]
+  return nnx.merge(graphdef, nnx.from_flat_state(filled))

@@ -1,0 +1,210 @@
+"""Medusa drafter on a tiny random target: the heads against a per-head reference, the state at the
+right committed position, greedy decoding equal to plain decoding, the export round trip, topk,
+and clear errors."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles
+from jspec.drafters import medusa_format, registry
+from jspec.drafters.base import Context
+from jspec.drafters.medusa import MedusaConfig, MedusaDrafter, MedusaHead, MedusaOptions
+from jspec.sampling import SamplingParams
+from jspec.train.medusa import init_head
+from models import KVCache, Llama, LlamaConfig
+
+CFG = LlamaConfig.tiny(vocab_size=64)
+IDS = np.arange(2, 62, 2)          # a sorted draft vocabulary of 30 tokens
+
+
+@pytest.fixture(scope="module")
+def target():
+  return Llama(CFG, rngs=nnx.Rngs(1))
+
+
+def _random_head(target, seed=2, num_heads=4, num_layers=2):
+  """Non-trivial heads: random ResBlocks and LM heads (init_head starts at identity)."""
+  head = init_head(target, IDS, num_heads=num_heads, num_layers=num_layers)
+  rng = np.random.default_rng(seed)
+  for var in (head.res_kernel, head.res_bias, head.lm_head):
+    var[...] = jnp.asarray(rng.normal(0, 0.3, var[...].shape), jnp.float32)
+  return head
+
+
+def _prompts(seed, lengths):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(0, CFG.vocab_size, n).tolist() for n in lengths]
+
+
+def test_heads_match_a_per_head_reference(target):
+  head = _random_head(target)
+  x = jax.random.normal(jax.random.key(0), (3, CFG.hidden_size))
+  got = head(x)                                                          # [3, K, Vd]
+  w, b, lm = (np.asarray(v[...], np.float64) for v in (head.res_kernel, head.res_bias,
+                                                      head.lm_head))
+  silu = lambda z: z / (1 + np.exp(-z))
+  for k in range(4):
+    y = np.asarray(x, np.float64)
+    for l in range(2):
+      y = y + silu(y @ w[k, l] + b[k, l])
+    np.testing.assert_allclose(got[:, k], y @ lm[k], rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(head(x, 2), got[:, :2], rtol=1e-6, atol=1e-6)
+  # fresh heads: ResBlocks are the identity, LM heads the target's rows of the draft vocabulary
+  fresh = init_head(target, IDS)
+  want = target.logits(x[:, None])[:, 0][:, IDS]
+  for k in range(4):
+    np.testing.assert_allclose(fresh(x)[:, k], want, rtol=1e-5, atol=1e-5)
+
+
+def test_state_is_the_normed_hidden_at_length_minus_2(target):
+  head = _random_head(target)
+  drafter, params = MedusaDrafter.from_head(head, target, 3, sample=False)
+  assert drafter.target_taps == (CFG.num_layers,)
+  toks = jnp.asarray(_prompts(3, [24])[0], jnp.int32).reshape(2, 12)
+  raw = target(toks, KVCache.init(CFG, 2, 12), taps=(CFG.num_layers,)).hidden   # pre-norm taps
+  ref = target.norm(raw[0])                       # reference: the final normed hidden [2, 12, H]
+  plen = jnp.asarray([5, 9])
+  ctx = Context(tokens=toks, length=plen + 1, prompt_len=plen, sampling=SamplingParams.make(2),
+                target_hidden=raw)
+  state = drafter.init_state(params, toks, ctx, 32)
+  np.testing.assert_allclose(state.hidden, ref[jnp.arange(2), plen - 1], rtol=1e-5, atol=1e-5)
+  # commit: the verified block starts at old length - 1; num_new = 0 keeps the old state
+  start, num_new = jnp.asarray([3, 6]), jnp.asarray([3, 0])
+  block = tuple(jnp.stack([h[r, s:s + 4] for r, s in enumerate([3, 6])]) for h in raw)
+  ctx = Context(tokens=toks, length=start + 1 + num_new, prompt_len=plen,
+                sampling=SamplingParams.make(2), target_hidden=block, num_new=num_new)
+  new = drafter.commit(params, state, ctx)
+  np.testing.assert_allclose(new.hidden[0], ref[0, 3 + 3 - 1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(new.hidden[1], state.hidden[1])
+  # propose: head i's argmax, in target ids
+  draft, _ = drafter.propose(params, new, ctx, jax.random.split(jax.random.key(0), 2))
+  want = IDS[np.argmax(np.asarray(head(new.hidden))[:, :3], -1)]
+  np.testing.assert_array_equal(draft.tokens, want)
+  assert draft.q is None
+
+
+def test_topk_is_each_heads_best_in_target_ids(target):
+  head = _random_head(target)
+  drafter, params = MedusaDrafter.from_head(head, target, 2)
+  hidden = jax.random.normal(jax.random.key(4), (3, CFG.hidden_size))
+  state = drafter.init_state(params, None, Context(
+      tokens=None, length=None, prompt_len=jnp.asarray([1, 1, 1]), sampling=None,
+      target_hidden=(hidden[:, None],)), 8)
+  ids, logp = drafter.topk(params, state, 5)
+  assert ids.shape == logp.shape == (3, 4, 5) and ids.dtype == jnp.int32
+  ref = jax.nn.log_softmax(head(state.hidden), -1)                       # [3, K, Vd]
+  order = np.argsort(-np.asarray(ref), -1, kind="stable")[..., :5]
+  np.testing.assert_array_equal(ids, IDS[order])
+  np.testing.assert_allclose(logp, np.take_along_axis(np.asarray(ref), order, -1), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"topk k must be in \[1, 30\]"):
+    drafter.topk(params, state, 31)
+
+
+@pytest.fixture
+def saved(target, tmp_path):
+  head = _random_head(target, num_layers=1)
+  folder = str(tmp_path / "head")
+  sums = medusa_format.save_medusa(head, folder, verifier="tiny")
+  return head, folder, sums
+
+
+def test_greedy_medusa_equals_plain_decoding(target, saved):
+  _, folder, _ = saved
+  prompts = _prompts(5, [6, 11, 3])
+  plain = Decoder(target).generate(prompts, max_new_tokens=24, eos=False).token_ids
+  spec = SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 4, "head": folder})
+  out = spec.generate(prompts, max_new_tokens=24, eos=False)
+  assert out.token_ids == plain
+  assert out.rounds > 0 and len(out.per_position_acceptance) == 4
+
+
+def test_export_round_trips_in_bf16(target, saved):
+  head, folder, sums = saved
+  cfg = json.load(open(os.path.join(folder, "config.json")))
+  assert (cfg["medusa_num_heads"], cfg["medusa_num_layers"], cfg["draft_vocab_size"]) == (4, 1, 30)
+  assert json.load(open(os.path.join(folder, "checksums.json"))) == sums
+  from safetensors.numpy import load_file
+  w = load_file(os.path.join(folder, "model.safetensors"))
+  assert w["medusa_head.2.0.linear.weight"].shape == (CFG.hidden_size, CFG.hidden_size)
+  assert w["medusa_head.2.1.weight"].shape == (30, CFG.hidden_size)       # [Vd, H]
+  assert str(w["medusa_head.2.1.weight"].dtype) == "bfloat16"
+  np.testing.assert_array_equal(w["d2t"] + np.arange(30), IDS)
+  assert w["t2d"].sum() == 30 and w["t2d"][IDS].all()
+  loaded = medusa_format.load_medusa(folder, expected_sha256=sums["model.safetensors"])
+  assert loaded.config == head.config
+  rounded = jax.tree_util.tree_map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype),
+                                   nnx.state(head))
+  for a, b in zip(jax.tree_util.tree_leaves(rounded), jax.tree_util.tree_leaves(nnx.state(loaded))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # the same drafts (and top-k) as the bf16-rounded heads
+  nnx.update(head, rounded)
+  hidden = (jax.random.normal(jax.random.key(7), (4, 1, CFG.hidden_size)),)
+  ctx = Context(tokens=None, length=None, prompt_len=jnp.ones((4,), jnp.int32),
+                sampling=SamplingParams.make(4), target_hidden=hidden)
+  outs = []
+  for h in (head, loaded):
+    drafter, params = MedusaDrafter.from_head(h, target, 4, sample=False)
+    state = drafter.init_state(params, None, ctx, 8)
+    outs.append((drafter.propose(params, state, ctx, None)[0].tokens,
+                 drafter.topk(params, state, 3)[0]))
+  np.testing.assert_array_equal(outs[0][0], outs[1][0])
+  np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+def _corrupt(folder, how):
+  w = os.path.join(folder, "model.safetensors")
+  c = os.path.join(folder, "config.json")
+  if how == "missing":
+    os.remove(w)
+  elif how == "checksum":
+    data = bytearray(open(w, "rb").read())
+    data[-3] ^= 0xFF
+    open(w, "wb").write(bytes(data))
+  else:
+    cfg = json.load(open(c))
+    cfg[how] *= 2
+    open(c, "w").write(json.dumps(cfg))
+    os.remove(os.path.join(folder, "checksums.json"))
+
+
+@pytest.mark.parametrize("how, message", [
+    ("missing", "model.safetensors is missing"),
+    ("checksum", "has sha256 .* expected"),
+    ("hidden_size", "has shape|hidden size 128 differs from the target's 64"),
+    ("vocab_size", "vocabulary 128 differs from the target's 64"),
+])
+def test_bad_head_fails_before_compiling(target, saved, how, message):
+  _, folder, _ = saved
+  _corrupt(folder, how)
+  with count_compiles() as c:
+    with pytest.raises(ValueError, match=message):
+      SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 2, "head": folder})
+  assert c.count == 0
+
+
+def test_head_for_another_target_and_too_many_drafts(target):
+  other = MedusaHead(MedusaConfig(hidden_size=32, vocab_size=64, draft_vocab_size=64))
+  with pytest.raises(ValueError, match="hidden size 32 differs from the target's 64"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 2}, draft_model=other)
+  with pytest.raises(ValueError, match=r"num_speculative_tokens=5 exceeds the head's 4 heads"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 5},
+                draft_model=_random_head(target))
+  with pytest.raises(ValueError, match="no Medusa head is shipped for this target"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 2})
+
+
+def test_registered_with_its_cli_flag():
+  entry = registry.get("medusa")
+  assert entry.options is MedusaOptions
+  assert [(f.flag, f.field) for f in entry.cli_flags] == [("--medusa-head", "head")]
+  cfg = SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 3,
+                                     "head": "/x", "draft_sampling": False})
+  assert cfg.options == MedusaOptions(head="/x", draft_sampling=False)
+  shipped = medusa_format.shipped(LlamaConfig.smollm2_135m())
+  assert shipped is not None and os.path.basename(shipped[0]) == "smollm2-135m-instruct-medusa"
