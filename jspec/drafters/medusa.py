@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters import registry
+from jspec.drafters import registry, static_tree
 from jspec.drafters.base import Context, Draft, draft_token
 from jspec.drafters.eagle3 import DraftVocab
 from models.config import LlamaConfig
@@ -110,12 +110,35 @@ class MedusaDrafter:
   target_taps: tuple[int, ...]        # (L,): the last layer's output, before the final norm
   rms_eps: float                      # the target's final norm epsilon
   sample: bool = True                 # sample from the processed q (recorded) vs argmax
+  tree_parent: tuple[int, ...] = ()   # a static tree (jspec.drafters.static_tree): per node its
+  tree_depth: tuple[int, ...] = ()    # parent's block index, depth (the head is depth - 1) and
+  tree_rank: tuple[int, ...] = ()     # the rank of its candidate; () = a chain
+
+  @property
+  def tree(self) -> bool:
+    return bool(self.tree_parent)
 
   @classmethod
-  def from_head(cls, head: MedusaHead, target: Llama, num_draft: int, *, sample: bool = True):
-    """Returns (drafter, params); checks that the head fits the target and D first."""
+  def from_head(cls, head: MedusaHead, target: Llama, num_draft: int, *, sample: bool = True,
+                tree_choices=None):
+    """Returns (drafter, params); checks that the head fits the target and D first.
+    tree_choices: rank paths (Medusa's format, e.g. [(0,), (1,), (0, 0)]) of a static tree of
+    num_draft nodes, or None for a chain."""
     cfg = head.config
     cfg.check_target(target.config)
+    if tree_choices is not None:
+      parent, depth, rank = static_tree.tree_arrays(tree_choices)
+      if len(parent) != num_draft:
+        raise ValueError(f"a Medusa tree's num_speculative_tokens is its node count: "
+                         f"{len(parent)} choices given with num_speculative_tokens={num_draft}")
+      if depth.max() > cfg.num_heads or rank.max() >= cfg.draft_vocab_size:
+        raise ValueError(f"Medusa tree choices go {depth.max()} deep and to rank {rank.max()}; "
+                         f"the head has {cfg.num_heads} heads over {cfg.draft_vocab_size} tokens")
+      graphdef, state = nnx.split(head)
+      params = {"head": state, "norm": target.norm.scale[...]}
+      return cls(graphdef, num_draft, (target.config.num_layers,), float(target.config.rms_eps),
+                 False, tuple(parent.tolist()), tuple(depth.tolist()),
+                 tuple(rank.tolist())), params
     if num_draft > cfg.num_heads:
       raise ValueError(f"Medusa drafts at most one token per head: num_speculative_tokens="
                        f"{num_draft} exceeds the head's {cfg.num_heads} heads; use "
@@ -146,6 +169,11 @@ class MedusaDrafter:
     return head(state.hidden, num_heads)
 
   def propose(self, params, state: MedusaState, ctx: Context, key: jax.Array):
+    if self.tree:    # node i: the rank-r candidate of head depth-1 (deterministic, q = None)
+      ids, _ = self.topk(params, state, max(self.tree_rank) + 1)        # [B, K, k]
+      tokens = ids[:, jnp.asarray(self.tree_depth) - 1, jnp.asarray(self.tree_rank)]
+      parent = jnp.broadcast_to(jnp.asarray(self.tree_parent, jnp.int32), tokens.shape)
+      return Draft(tokens=tokens.astype(jnp.int32), parent=parent), state
     head = nnx.merge(self.graphdef, params["head"])
     logits = head.target_logits(head(state.hidden, self.num_draft))    # [B, D, V]
     picks = [draft_token(logits[:, i], ctx.sampling, key, i, self.sample)
@@ -172,7 +200,19 @@ class MedusaDrafter:
 class MedusaOptions:
   head: str | None = None        # a Medusa head folder (default: the head shipped for the
                                  # target, if there is one)
-  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax (chains)
+  tree_choices: Any = None       # a static tree: rank paths ([[0], [1], [0, 0], ...]) of
+                                 # num_speculative_tokens nodes, or "auto": the best tree of that
+                                 # many nodes for the head's measured rank accuracies
+                                 # (rank_accuracy.json in its folder); None = a chain
+
+  def __post_init__(self):
+    c = self.tree_choices
+    if c is not None and c != "auto":
+      if isinstance(c, str) or not all(isinstance(p, (list, tuple)) for p in c):
+        raise ValueError(f"tree_choices must be 'auto' or a list of rank paths such as "
+                         f"[[0], [1], [0, 0]], got {c!r}")
+      object.__setattr__(self, "tree_choices", tuple(tuple(int(r) for r in p) for p in c))
 
 
 def _build(opts: MedusaOptions, num_draft: int, target: Llama, draft_model=None):
@@ -187,12 +227,23 @@ def _build(opts: MedusaOptions, num_draft: int, target: Llama, draft_model=None)
       sha = medusa_format.shipped(target.config)[1]
     dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
     head = medusa_format.load_medusa(path, dtype=dtype, expected_sha256=sha)
-  return MedusaDrafter.from_head(head, target, num_draft, sample=opts.draft_sampling)
+  choices = opts.tree_choices
+  if choices == "auto":
+    if isinstance(draft_model, MedusaHead):
+      raise ValueError("tree_choices='auto' reads the rank accuracies saved beside a head "
+                       "folder; with a head object, give explicit tree_choices")
+    choices = static_tree.best_tree(medusa_format.read_rank_accuracy(path), num_draft)
+  return MedusaDrafter.from_head(head, target, num_draft, sample=opts.draft_sampling,
+                                 tree_choices=choices)
 
 
 registry.register(registry.Method(
     "medusa", MedusaOptions, _build,
-    help="Medusa heads over the target's final hidden state (chain, D <= heads)",
+    help="Medusa heads over the target's final hidden state (chain, D <= heads, or a static "
+         "tree of D nodes)",
     cli_flags=(registry.CliFlag("--medusa-head", "head", str,
                                 "Medusa head folder (default: the shipped head for the default "
-                                "model)"),)))
+                                "model)"),
+               registry.CliFlag("--medusa-tree", "tree_choices", str,
+                                "'auto': a static tree of --num-draft nodes chosen from the "
+                                "head's measured rank accuracies"))))

@@ -124,6 +124,29 @@ def read_config(folder: str) -> MedusaConfig:
     raise HeadLoadError(f"{path} is not a valid Medusa config: {e!r}") from None
 
 
+RANK_ACCURACY = "rank_accuracy.json"
+
+
+def save_rank_accuracy(folder: str, accuracy, *, source: str = "") -> None:
+  """Saves measured rank accuracies [heads, ranks] (`jspec.train.medusa.rank_accuracy`) beside a
+  head, for `tree_choices="auto"`."""
+  from jspec.io import atomic_write_bytes
+
+  body = {"rank_accuracy": [[float(x) for x in row] for row in accuracy], "source": source}
+  atomic_write_bytes(os.path.join(folder, RANK_ACCURACY),
+                     (json.dumps(body, indent=2) + "\n").encode())
+
+
+def read_rank_accuracy(folder: str) -> list[list[float]]:
+  path = os.path.join(folder, RANK_ACCURACY)
+  if not os.path.isfile(path):
+    raise HeadLoadError(f"{path} is missing: tree_choices='auto' needs the head's measured rank "
+                        "accuracies (jspec.train.medusa.rank_accuracy, saved with "
+                        "medusa_format.save_rank_accuracy), or give explicit tree_choices")
+  with open(path) as f:
+    return json.load(f)["rank_accuracy"]
+
+
 def _check_sums(folder: str, expected_sha256: str | None) -> None:
   from models.fetch import sha256_of
 

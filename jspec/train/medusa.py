@@ -132,3 +132,24 @@ def ensure_features(target: Llama, data_dir: str, folder: str, *, seq_len: int,
       taps = tuple(json.load(f)["taps"])
   return cache_features(target, data_dir, folder, taps=taps, seq_len=seq_len,
                         batch_size=batch_size, progress=progress)
+
+
+def rank_accuracy(head: MedusaHead, hidden: jax.Array, tokens: jax.Array, reply: jax.Array,
+                  ranks: int) -> np.ndarray:
+  """How often each head's rank-r candidate is the token that follows, [K, ranks], for choosing a
+  static tree (`jspec.drafters.static_tree.best_tree`). hidden [B, N, H] the target's final normed
+  hidden states over tokens [B, N]; reply [B, N] bool, the positions whose tokens count (a
+  position counts for head k where token t+k+2 is a reply token)."""
+  b, n = tokens.shape
+  k_heads = head.config.num_heads
+  logp = head(hidden)                                                          # [B, N, K, Vd]
+  _, idx = jax.lax.top_k(logp, ranks)
+  cand = head.draft_to_target[...][idx]                                        # [B, N, K, R]
+  out = np.zeros((k_heads, ranks))
+  for k in range(k_heads):
+    nxt = _shift(tokens, 2 + k)                                                # [B, N]
+    ok = np.asarray(_shift(reply.astype(jnp.int32), 2 + k) > 0) & \
+        (np.arange(n)[None, :] + 2 + k < n)
+    hit = np.asarray(cand[:, :, k] == nxt[:, :, None])                         # [B, N, R]
+    out[k] = hit[ok].mean(0) if ok.any() else 0.0
+  return out

@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 1e5 rows (4 parameter groups
-of 25,000). A chi-square test per sampled group at p < 1e-4 (30 tests in this file) gives a
+of 25,000). A chi-square test per sampled group at p < 1e-4 (36 tests in this file) gives a
 false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -88,18 +88,33 @@ def eagle3_head():
   return head
 
 
+@pytest.fixture(scope="module")
+def medusa_head(target):
+  """Random tiny Medusa heads (2 heads, a reduced draft vocabulary: tokens 1 and 6 never
+  proposed)."""
+  from jspec.train.medusa import init_head
+  head = init_head(target, np.asarray([0, 2, 3, 4, 5, 7]), num_heads=2)
+  rng = np.random.default_rng(3)
+  for var in (head.res_kernel, head.res_bias, head.lm_head):
+    var[...] = jnp.asarray(rng.normal(0, 1.0, var[...].shape), jnp.float32)
+  return head
+
+
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
-                                    "draft_model-moe", "eagle3-tree"])
+                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
-                                                     method):
+                                                     medusa_head, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
     target = moe_target
-  if method.endswith("-tree"):   # EAGLE-2 trees: 4 nodes, top-2 children, depth 2
-    method = cfg["method"] = method.removesuffix("-tree")
+  if method == "eagle3-tree":    # EAGLE-2 trees: 4 nodes, top-2 children, depth 2
+    method = cfg["method"] = "eagle3"
     cfg.update(num_speculative_tokens=4, tree_top_k=2, tree_depth=2)
+  if method == "medusa-tree":    # a static tree of 4 nodes over 2 heads
+    method = cfg["method"] = "medusa"
+    cfg.update(num_speculative_tokens=4, tree_choices=[[0], [1], [0, 0], [1, 0]])
   if method.endswith("-auto"):   # adaptive over draft lengths {0, 1, 2}
     method = cfg["method"] = method.removesuffix("-auto")
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])
@@ -109,7 +124,7 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
     cfg.update(cache_tokens=16, max_tree_depth=4)
   if method == "lookahead":  # 20,000 rows: a small pool
     cfg.update(pool_size=16)
-  drafts = {"draft_model": draft, "eagle3": eagle3_head}
+  drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head}
   decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method))
   before_chunk = None
   if cfg["num_speculative_tokens"] == "auto":

@@ -202,9 +202,54 @@ def test_head_for_another_target_and_too_many_drafts(target):
 def test_registered_with_its_cli_flag():
   entry = registry.get("medusa")
   assert entry.options is MedusaOptions
-  assert [(f.flag, f.field) for f in entry.cli_flags] == [("--medusa-head", "head")]
+  assert [(f.flag, f.field) for f in entry.cli_flags] == [("--medusa-head", "head"),
+                                                          ("--medusa-tree", "tree_choices")]
   cfg = SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 3,
                                      "head": "/x", "draft_sampling": False})
   assert cfg.options == MedusaOptions(head="/x", draft_sampling=False)
   shipped = medusa_format.shipped(LlamaConfig.smollm2_135m())
   assert shipped is not None and os.path.basename(shipped[0]) == "smollm2-135m-instruct-medusa"
+
+
+CHOICES = [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 2)]
+
+
+def test_static_tree_drafts_and_greedy_identity(target):
+  head = _random_head(target)
+  sd = SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": len(CHOICES),
+                            "tree_choices": [list(c) for c in CHOICES]}, draft_model=head)
+  assert sd.drafter.tree
+  prompts = _prompts(3, [7, 12, 4])
+  plain = Decoder(target).generate(prompts, max_new_tokens=20, eos=False).token_ids
+  assert sd.generate(prompts, max_new_tokens=20, eos=False).token_ids == plain
+  # each node is its head's candidate of its rank: head depth-1, rank = the path's last entry
+  state, sampling = sd.prefill(prompts, max_new_tokens=4)
+  ctx = Context(tokens=state.tokens, length=state.length, prompt_len=state.prompt_len,
+                sampling=sampling)
+  draft, _ = sd.drafter.propose(sd.drafter_params, state.drafter_state, ctx, None)
+  ids, _ = sd.drafter.topk(sd.drafter_params, state.drafter_state, 3)
+  for i, c in enumerate(sorted(CHOICES, key=lambda c: (len(c), c))):
+    np.testing.assert_array_equal(draft.tokens[:, i], ids[:, len(c) - 1, c[-1]])
+  np.testing.assert_array_equal(draft.parent[0], [0, 0, 1, 1, 2, 3, 3, 6])
+
+
+def test_tree_choice_errors(target, saved):
+  head = _random_head(target)
+  with pytest.raises(ValueError, match="node count: 8 choices given with num_speculative_tokens=4"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 4,
+                         "tree_choices": [list(c) for c in CHOICES]}, draft_model=head)
+  with pytest.raises(ValueError, match="every prefix"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 2,
+                         "tree_choices": [[0], [1, 1]]}, draft_model=head)
+  with pytest.raises(ValueError, match="go 5 deep"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 5,
+                         "tree_choices": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0],
+                                          [0, 0, 0, 0, 0]]}, draft_model=head)
+  _, folder, _ = saved
+  with pytest.raises(ValueError, match="rank_accuracy.json is missing"):
+    SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 3, "head": folder,
+                         "tree_choices": "auto"})
+  medusa_format.save_rank_accuracy(folder, [[0.5, 0.2], [0.3, 0.1], [0.2, 0.1], [0.1, 0.1]])
+  sd = SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 3, "head": folder,
+                            "tree_choices": "auto"})
+  assert sd.drafter.tree_depth == (1, 1, 2) and sd.drafter.tree_rank == (0, 1, 0)
