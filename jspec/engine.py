@@ -6,6 +6,8 @@ One round = draft -> verify -> accept -> commit, composed under one `jax.jit`:
   accept  rejection sampling with per-row first-rejection index (jspec.rejection)
   commit  per-row lengths advance by the emitted tokens (EOS, max_new_tokens and cache capacity
           truncate); nothing is copied: K/V past the new length is garbage the next round overwrites.
+A tree draft (Draft.parent, jspec.tree) is verified in the same forward under its ancestor mask at
+positions prefix + depth; the accepted path's K/V is then moved to contiguous slots.
 `generate` is a `lax.while_loop` over rounds on device; `stream` is a host loop over the same
 jitted round. B, D and the buffer length are static; per-row progress lives in lengths and masks.
 

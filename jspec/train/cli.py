@@ -1,5 +1,6 @@
 """`jspec train data` (regenerate replies with the target), `jspec train eagle3` (train, resume,
-export a speculators-format head) and `jspec train medusa` (the same for Medusa heads)."""
+export a speculators-format head), `jspec train medusa` and `jspec train mtp` (the same for Medusa
+heads and MTP modules)."""
 
 from __future__ import annotations
 
@@ -158,6 +159,64 @@ def cmd_medusa(args) -> None:
                         heldout=last_eval), indent=2))
 
 
+def cmd_mtp(args) -> None:
+  import jax.numpy as jnp
+
+  import models
+  from jspec.drafters import mtp_format
+  from jspec.io import check_writable
+  from jspec.train import eagle3, mtp, trainer
+  from jspec.train.data import read_manifest, token_counts
+
+  try:   # everything cheap first: settings, data, writable outputs
+    cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
+                              lr=args.lr, warmup=args.warmup, save_every=args.save_every,
+                              keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
+                              seed=args.seed)
+    if args.mtp_steps < 1:
+      raise ValueError(f"--mtp-steps must be >= 1, got {args.mtp_steps}")
+    if not 0 < args.beta <= 1:
+      raise ValueError(f"--beta must be in (0, 1], got {args.beta}")
+    read_manifest(args.data)
+    export = args.export or os.path.join(args.out, "head")
+    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(export, exist_ok=True)
+    check_writable(os.path.join(export, mtp_format.WEIGHTS))
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  args.interrupt_note = (f"checkpoints are saved in {args.out}/checkpoints; run the same "
+                         "command again to resume")
+  loaded = models.load(args.model)
+  target = loaded.model
+  try:
+    counts = token_counts(args.data, target.config.vocab_size)
+    # the EAGLE-3 builder: rank by reply counts, ties by counts over whole conversations
+    everywhere = token_counts(args.data, target.config.vocab_size, replies_only=False)
+    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, args.draft_vocab)
+    task = mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta, seed=args.seed)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  coverage = counts[ids].sum() / max(counts.sum(), 1)
+  print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
+        file=sys.stderr)
+  features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
+  try:
+    if features is not None:
+      mtp.ensure_features(target, args.data, features, seq_len=cfg.seq_len,
+                          batch_size=cfg.batch_size, progress=not args.no_progress)
+    history = trainer.train(task, args.data, args.out, cfg, progress=not args.no_progress,
+                            stop_after=args.stop_after, features=features)
+  except ValueError as e:
+    sys.exit(f"jspec: {e}")
+  module = task.module(task.params)
+  dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[args.dtype]
+  sums = mtp_format.save_mtp(module, export, dtype=dtype, num_draft=args.mtp_steps,
+                             verifier=loaded.name)
+  last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
+  print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
+                        draft_vocab=len(ids), draft_vocab_coverage=coverage,
+                        heldout=last_eval), indent=2))
+
 def add_parser(sub, default_model: str) -> None:
   t = sub.add_parser("train", help="build drafter training data; train a learned drafter")
   tsub = t.add_subparsers(dest="train_command", required=True)
@@ -240,3 +299,36 @@ def add_parser(sub, default_model: str) -> None:
   m.add_argument("--seed", type=int, default=0)
   m.add_argument("--no-progress", action="store_true")
   m.set_defaults(func=cmd_medusa)
+
+  mt = tsub.add_parser("mtp", help="train an MTP module, DeepSeek-V3 layout (orbax checkpoints; "
+                                   "resumes)")
+  mt.add_argument("--data", required=True, help="a folder written by `jspec train data`")
+  mt.add_argument("--out", required=True, help="checkpoints, train_log.jsonl and head/")
+  mt.add_argument("--model", default=default_model)
+  mt.add_argument("--export", default=None, help="head folder (default OUT/head)")
+  mt.add_argument("--steps", type=int, default=2000)
+  mt.add_argument("--stop-after", type=int, default=None,
+                 help="end after this many steps of this run (resume later)")
+  mt.add_argument("--batch-size", type=int, default=8)
+  mt.add_argument("--seq-len", type=int, default=512)
+  mt.add_argument("--lr", type=float, default=1e-3)
+  mt.add_argument("--warmup", type=int, default=30)
+  mt.add_argument("--mtp-steps", type=int, default=3,
+                 help="K recursive steps trained: step k predicts the token k+1 ahead")
+  mt.add_argument("--beta", type=float, default=0.6,
+                 help="step k's loss weight is beta^(k-1), normalised (FastMTP)")
+  mt.add_argument("--draft-vocab", type=int, default=6144,
+                 help="rows of the target's LM head the module drafts from (and the loss uses)")
+  mt.add_argument("--save-every", type=int, default=100)
+  mt.add_argument("--keep", type=int, default=3)
+  mt.add_argument("--eval-every", type=int, default=200)
+  mt.add_argument("--holdout", type=int, default=32)
+  mt.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
+  mt.add_argument("--cache-features", action="store_true",
+                 help="compute the target's final hidden states once into OUT/features")
+  mt.add_argument("--features", default=None,
+                 help="feature cache folder (computed there if missing; an existing cache, "
+                      "e.g. an EAGLE-3 run's, is reused: MTP reads its last slot)")
+  mt.add_argument("--seed", type=int, default=0)
+  mt.add_argument("--no-progress", action="store_true")
+  mt.set_defaults(func=cmd_mtp)
