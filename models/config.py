@@ -34,6 +34,9 @@ class LlamaConfig:
   shared_expert_intermediate_size: int = 0   # Qwen2-MoE: a dense SwiGLU expert with a sigmoid gate
   decoder_sparse_step: int = 1               # layer i is sparse when (i + 1) % step == 0 ...
   mlp_only_layers: tuple[int, ...] = ()      # ... and i is not listed here
+  # MTP layers a checkpoint carries after the decoder (`model.layers.{L}` ..., DeepSeek-V3's
+  # num_nextn_predict_layers): the target skips them; jspec.drafters.mtp loads them as a drafter
+  num_nextn_predict_layers: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -132,4 +135,5 @@ class LlamaConfig:
         tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
         qkv_bias=arch in ("qwen2", "qwen2_moe") or bool(hf.get("attention_bias", False)),
         qk_norm=arch in ("qwen3", "qwen3_moe"),
-        max_position=int(hf.get("max_position_embeddings", 4096)), arch=arch, **moe)
+        max_position=int(hf.get("max_position_embeddings", 4096)), arch=arch,
+        num_nextn_predict_layers=int(hf.get("num_nextn_predict_layers") or 0), **moe)

@@ -100,7 +100,11 @@ def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray],
   graphdef, state = nnx.split(abstract)
   wanted = {path: var for path, var in nnx.to_flat_state(state)}
   filled = {}
+  mtp_layers = range(cfg.num_layers, cfg.num_layers + cfg.num_nextn_predict_layers)
   for name, array in stack_experts(tensors).items():
+    m = _LAYER.fullmatch(name)
+    if m and int(m.group(1)) in mtp_layers:
+      continue   # an MTP layer: a drafter (jspec.drafters.mtp), not part of the target
     path = _path(name)
     if path is None:
       if name.endswith("rotary_emb.inv_freq"):

@@ -282,3 +282,37 @@ def test_shipped_module_on_the_default_model(smollm, chat_ids):
     upto = next((j for j, m in enumerate(margins) if m < 1e-4), len(plain))
     assert spec[:upto] == plain[:upto]
   assert out.acceptance_length > 1.1, out.acceptance_length      # measured 1.20; untrained ~1.0
+
+
+def test_target_and_mtp_from_one_checkpoint(tmp_path):
+  """A transformers Llama checkpoint plus an MTP layer at model.layers.{L} and
+  num_nextn_predict_layers = 1: the target loads without the layer (equal to the same checkpoint
+  without it), the drafter loads it, and greedy MTP decoding equals plain decoding."""
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  from models.hf_loader import load_hf_folder
+  from models.weights import llama_from_hf_tensors
+  torch.manual_seed(0)
+  hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+      vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)).eval()
+  hf.save_pretrained(tmp_path)
+  cfg, tensors = load_hf_folder(str(tmp_path))
+  plain_target = llama_from_hf_tensors(cfg, tensors)
+  module = MTPModule(MTPConfig.for_target(cfg), rngs=nnx.Rngs(5))
+  extra = mtp_format.to_tensors(module, prefix=f"model.layers.{cfg.num_layers}.",
+                                dtype=jnp.float32)
+  save_file(extra, str(tmp_path / "mtp.safetensors"))
+  hf_cfg = json.loads((tmp_path / "config.json").read_text())
+  (tmp_path / "config.json").write_text(json.dumps(dict(hf_cfg, num_nextn_predict_layers=1)))
+  cfg2, tensors2 = load_hf_folder(str(tmp_path))
+  assert cfg2.num_nextn_predict_layers == 1 and any(".layers.2." in n for n in tensors2)
+  target = llama_from_hf_tensors(cfg2, tensors2)
+  ids = jnp.asarray([[3, 1, 4, 1, 5, 9]])
+  np.testing.assert_array_equal(target(ids, KVCache.init(cfg2, 1, 8)).logits,
+                                plain_target(ids, KVCache.init(cfg, 1, 8)).logits)
+  prompts = [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2, 8, 1]]
+  sd = SpecDecoder(target, {"method": "mtp", "num_speculative_tokens": 2,
+                            "checkpoint": str(tmp_path)})
+  assert sd.generate(prompts, max_new_tokens=12, eos=False).token_ids == \
+      Decoder(target).generate(prompts, max_new_tokens=12, eos=False).token_ids
