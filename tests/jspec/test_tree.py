@@ -10,7 +10,6 @@ renormalisation after a rejected sibling must fail the same check.
 """
 
 import functools
-import itertools
 
 import jax
 import jax.numpy as jnp
