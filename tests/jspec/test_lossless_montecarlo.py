@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 1e5 rows (4 parameter groups
-of 25,000). A chi-square test per sampled group at p < 1e-4 (36 tests in this file) gives a
+of 25,000). A chi-square test per sampled group at p < 1e-4 (39 tests in this file) gives a
 false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -100,11 +100,18 @@ def medusa_head(target):
   return head
 
 
+@pytest.fixture(scope="module")
+def mtp_module():
+  """A random tiny MTP module (drafts through the target's own head, recursively for D = 2)."""
+  from jspec.drafters.mtp import MTPConfig, MTPModule
+  return MTPModule(MTPConfig.for_target(CFG), rngs=nnx.Rngs(4))
+
+
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
-                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree"])
+                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree", "mtp"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
-                                                     medusa_head, method):
+                                                     medusa_head, mtp_module, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
@@ -124,7 +131,8 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
     cfg.update(cache_tokens=16, max_tree_depth=4)
   if method == "lookahead":  # 20,000 rows: a small pool
     cfg.update(pool_size=16)
-  drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head}
+  drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head,
+            "mtp": mtp_module}
   decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method))
   before_chunk = None
   if cfg["num_speculative_tokens"] == "auto":
