@@ -233,8 +233,13 @@ class Eagle3Drafter:
     head = nnx.merge(self.graphdef, params["head"])
     embed = params["embed"]
     if self.tree:
-      draft = eagle_tree.propose_tree(head, embed, state, self.tree_top_k, self.tree_depth,
-                                      self.num_draft)
+      def expand(feature, emb, positions, attend):
+        a, aux = head.layer(feature, emb, positions, attend)
+        return a, head.draft_logits(a), aux
+
+      draft = eagle_tree.propose_tree(expand, head.draft_to_target[...], embed, state.cache,
+                                      state.feature, state.logits, self.tree_top_k,
+                                      self.tree_depth, self.num_draft)
       return draft, state
 
     def pick(draft_logits, i):

@@ -1,8 +1,9 @@
-"""EAGLE-2 dynamic draft trees for the EAGLE-3 head, built inside the jit with static shapes.
+"""EAGLE-2 dynamic draft trees for feature-level drafters (the EAGLE-3 head, the MTP module), built
+inside the jit with static shapes.
 
-From the head's state (its output feature and draft logits at the last committed position):
+From the drafter's state (its output feature and draft logits at the last committed position):
   1. the root's top-k draft tokens are level 1, scored by their log-probability;
-  2. `depth - 1` expansions: the k frontier nodes run through the head at once (each attends to the
+  2. `depth - 1` expansions: the k frontier nodes run through the drafter at once (each attends to the
      head's cache and to its own ancestors among the expanded nodes), each proposes its top-k
      children scored by cumulative log-probability, and the best k of the k*k children become the
      next frontier;
@@ -56,10 +57,17 @@ def _tree_attend(cache, buf_k, buf_v, buf_mask, level_slots):
   return fn
 
 
-def propose_tree(head, embed, state, top_k: int, depth: int, budget: int) -> Draft:
-  """The EAGLE-2 tree from an `Eagle3State`: Draft(tokens [B, N], parent [B, N]), N = budget."""
-  cache = state.cache
-  b = state.feature.shape[0]
+def propose_tree(expand, draft_to_target: jax.Array, embed: jax.Array, cache, feature: jax.Array,
+                 logits: jax.Array, top_k: int, depth: int, budget: int) -> Draft:
+  """The EAGLE-2 tree from a feature-level drafter's state: Draft(tokens [B, N], parent [B, N]),
+  N = budget.
+
+  expand(feature [B, k, H], emb [B, k, H], positions [B, k], attend) -> (the children's input
+  feature [B, k, H], their draft logits [B, k, Vd], attend's aux): one step of the drafter for the
+  k frontier nodes (EAGLE-3's head layer, MTP's module). cache: the drafter's one-layer KV cache
+  (lengths = committed - 1); feature [B, H] and logits [B, Vd]: its state after the last
+  committed token; draft_to_target [Vd] maps draft ids to target ids."""
+  b = feature.shape[0]
   k = top_k
   kvh, dh = cache.k[0].shape[2:]
   m = max(depth - 1, 1) * k                                  # expanded nodes' buffer
@@ -67,18 +75,18 @@ def propose_tree(head, embed, state, top_k: int, depth: int, budget: int) -> Dra
   buf_v = jnp.zeros_like(buf_k)
   anc = jnp.zeros((b, k, m), bool)                           # frontier's ancestors in the buffer
 
-  logp = jax.nn.log_softmax(state.logits, axis=-1)           # [B, Vd]
+  logp = jax.nn.log_softmax(logits, axis=-1)                 # [B, Vd]
   score, tok = jax.lax.top_k(logp, k)                        # level 1
   scores, toks, parents = [score], [tok], [jnp.full((b, k), -1, jnp.int32)]
   ids = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32), (b, k))    # frontier candidate ids
-  feature = jnp.broadcast_to(state.feature[:, None], (b, k) + state.feature.shape[1:])
+  feature = jnp.broadcast_to(feature[:, None], (b, k) + feature.shape[1:])
   for level in range(1, depth):
     slots = jnp.arange((level - 1) * k, level * k)
     mask = anc.at[:, :, slots].set(jnp.eye(k, dtype=bool)[None])      # ancestors + itself
     positions = jnp.broadcast_to(cache.lengths[:, None] + level - 1, (b, k))
-    a, (buf_k, buf_v) = head.layer(feature, embed[head.draft_to_target[...][tok]], positions,
-                                   _tree_attend(cache, buf_k, buf_v, mask, slots))
-    child_logp = jax.nn.log_softmax(head.draft_logits(a), axis=-1)    # [B, k, Vd]
+    a, child_logits, (buf_k, buf_v) = expand(feature, embed[draft_to_target[tok]], positions,
+                                             _tree_attend(cache, buf_k, buf_v, mask, slots))
+    child_logp = jax.nn.log_softmax(child_logits, axis=-1)            # [B, k, Vd]
     c_score, c_tok = jax.lax.top_k(child_logp, k)                    # [B, k, k]
     c_score = c_score + score[:, :, None]
     base = num_candidates(k, level)                                   # first id of this level
@@ -102,5 +110,5 @@ def propose_tree(head, embed, state, top_k: int, depth: int, budget: int) -> Dra
   # a parent's block index: its rank among the chosen ids + 1 (the root, id -1, is block 0)
   parent = jnp.where(par_id < 0, 0,
                      jax.vmap(jnp.searchsorted)(chosen, par_id).astype(jnp.int32) + 1)
-  tokens = head.draft_to_target[...][jnp.take_along_axis(toks, chosen, axis=1)]
+  tokens = draft_to_target[jnp.take_along_axis(toks, chosen, axis=1)]
   return Draft(tokens=tokens.astype(jnp.int32), parent=parent.astype(jnp.int32))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters import registry
+from jspec.drafters import eagle_tree, registry
 from jspec.drafters.base import Context, Draft, draft_chain, draft_token
 from jspec.drafters.eagle3 import AttendFn, DraftVocab, cache_attend
 from models.config import LlamaConfig
@@ -176,20 +176,30 @@ class MTPDrafter:
   target_taps: tuple[int, ...]        # (L,): the last layer's output; normed here
   sample: bool = True                 # sample from the processed q (recorded) vs argmax
   attention_impl: str = "auto"
-  variable_length = True              # propose(num=...) runs only num - 1 module steps
+  tree_top_k: int = 0                 # > 0: EAGLE-2 dynamic trees (jspec.drafters.eagle_tree) of
+  tree_depth: int = 0                 # num_draft nodes, top-k per node, to this depth
+  variable_length = True              # propose(num=...) runs only num - 1 module steps (chains)
+
+  @property
+  def tree(self) -> bool:
+    return self.tree_top_k > 0
 
   @classmethod
-  def from_module(cls, module: MTPModule, target: Llama, num_draft: int, *, sample: bool = True):
-    """Returns (drafter, params); checks that the module fits the target first."""
+  def from_module(cls, module: MTPModule, target: Llama, num_draft: int, *, sample: bool = True,
+                  tree_top_k: int = 0, tree_depth: int = 0):
+    """Returns (drafter, params); checks that the module fits the target first. tree_top_k > 0
+    drafts EAGLE-2 trees of num_draft nodes instead of chains."""
     cfg = module.config
     cfg.check_target(target.config)
+    if tree_top_k or tree_depth:
+      eagle_tree.check(tree_top_k, tree_depth, num_draft, cfg.draft_vocab_size)
     ids = module.draft_to_target[...]
     full = cfg.draft_vocab_size == cfg.vocab_size
     graphdef, state = nnx.split(module)
     params = {"mtp": state, "embed": target.embed.embedding[...],
               "norm": target.norm.scale[...], "head": head_rows(target, None if full else ids)}
     return cls(graphdef, num_draft, (target.config.num_layers,), sample,
-               target.attention_impl), params
+               target.attention_impl, tree_top_k, tree_depth), params
 
   def _catch_up(self, module, params, cache: KVCache, final_hidden, next_tokens, start,
                 num_valid):
@@ -234,6 +244,16 @@ class MTPDrafter:
 
   def propose(self, params, state: MTPState, ctx: Context, key: jax.Array, num=None):
     module = nnx.merge(self.graphdef, params["mtp"])
+    if self.tree:
+      def expand(prev, emb, positions, attend):
+        a, aux = module(prev, emb, positions, attend)
+        normed = module.shared_norm(a, params["norm"])
+        return normed, module.draft_logits(normed, params["head"]), aux
+
+      draft = eagle_tree.propose_tree(expand, module.draft_to_target[...], params["embed"],
+                                      state.cache, state.hidden, state.logits, self.tree_top_k,
+                                      self.tree_depth, self.num_draft)
+      return draft, state
 
     def pick(draft_logits, i):
       return draft_token(module.target_logits(draft_logits), ctx.sampling, key, i, self.sample)
@@ -261,9 +281,15 @@ class MTPOptions:
                                  # shipped for the target, if there is one)
   checkpoint: str | None = None  # or a model folder whose safetensors carry MTP layers
                                  # (`num_nextn_predict_layers`), read from layer L
-  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax (chains)
+  tree_top_k: int = 0            # > 0: EAGLE-2 dynamic trees: top-k children per node, the
+  tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
 
   def __post_init__(self):
+    if (self.tree_top_k > 0) != (self.tree_depth > 0) or self.tree_top_k < 0 or \
+        self.tree_depth < 0:
+      raise ValueError(f"EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1 (or neither: "
+                       f"a chain), got tree_top_k={self.tree_top_k}, tree_depth={self.tree_depth}")
     if self.head is not None and self.checkpoint is not None:
       raise ValueError("pass either an MTP head folder (head) or a checkpoint with MTP layers "
                        "(checkpoint), not both")
@@ -284,15 +310,22 @@ def _build(opts: MTPOptions, num_draft: int, target: Llama, draft_model=None):
         path = mtp_format.shipped_head(target.config)
         sha = mtp_format.shipped(target.config)[1]
       module = mtp_format.load_mtp(path, dtype=dtype, expected_sha256=sha)
-  return MTPDrafter.from_module(module, target, num_draft, sample=opts.draft_sampling)
+  return MTPDrafter.from_module(module, target, num_draft, sample=opts.draft_sampling,
+                                tree_top_k=opts.tree_top_k, tree_depth=opts.tree_depth)
 
 
 registry.register(registry.Method(
     "mtp", MTPOptions, _build,
-    help="MTP module (DeepSeek-V3 layout) over the target's final hidden state (chain)",
+    help="MTP module (DeepSeek-V3 layout) over the target's final hidden state (chain or "
+         "EAGLE-2 tree)",
     cli_flags=(registry.CliFlag("--mtp-head", "head", str,
                                 "MTP head folder (default: the shipped module for the default "
                                 "model)"),
                registry.CliFlag("--mtp-checkpoint", "checkpoint", str,
                                 "a model folder whose safetensors carry MTP layers "
-                                "(num_nextn_predict_layers)"))))
+                                "(num_nextn_predict_layers)"),
+               registry.CliFlag("--tree-top-k", "tree_top_k", int,
+                                "EAGLE-2 dynamic tree: children per node (0 = chain); "
+                                "--num-draft is then the node budget"),
+               registry.CliFlag("--tree-depth", "tree_depth", int,
+                                "EAGLE-2 dynamic tree: depth"))))

@@ -1,7 +1,8 @@
 """Greedy speculative decoding emits plain greedy decoding's tokens on the default model: 20 prompts
 x B in {1, 4} x D in {1, 3, 7} (EAGLE-3: {1, 3, 5}; the model-free suffix, lookahead and
 prediction drafters: D = 3; n-gram and EAGLE-3 also with the adaptive "auto"; EAGLE-2 trees of 10
-nodes on the EAGLE-3 head; Medusa D = 3 and a static tree of 8 nodes) x every drafter.
+nodes on the EAGLE-3 head; Medusa D = 3 and a static tree of 8 nodes; EAGLE-2 trees of 6 nodes on the MTP module) x every
+drafter.
 
 A (1+D)-token verify and a 1-token decode reduce in different orders, so where the plain path's
 own top-2 logit gap is below 1e-4 either token is correct: rows are compared up to the first such
@@ -59,10 +60,14 @@ DRAFTERS = {
     # the best static tree of d nodes for the shipped Medusa head's measured rank accuracies
     "medusa_tree": lambda d: ({"method": "medusa", "num_speculative_tokens": d,
                                "tree_choices": "auto"}, False),
+    # EAGLE-2 trees on the shipped MTP module (top-2 children, depth 3)
+    "mtp_tree": lambda d: ({"method": "mtp", "num_speculative_tokens": d, "tree_top_k": 2,
+                            "tree_depth": 3}, False),
 }
 DEPTHS = {"eagle3": (1, 3, 5), "suffix": (3,), "lookahead": (3,), "prediction": (3,),
           "ngram_auto": ("auto",), "eagle3_auto": ("auto",), "eagle3_tree": (10,),
-          "medusa": (3,), "medusa_tree": (8,)}
+          "medusa": (3,), "medusa_tree": (8,),
+          "mtp_tree": (6,)}
 CASES = [(name, d) for name in DRAFTERS for d in DEPTHS.get(name, (1, 3, 7))]
 _stats = {"rows": 0, "near_ties": 0}
 

@@ -316,3 +316,31 @@ def test_target_and_mtp_from_one_checkpoint(tmp_path):
                             "checkpoint": str(tmp_path)})
   assert sd.generate(prompts, max_new_tokens=12, eos=False).token_ids == \
       Decoder(target).generate(prompts, max_new_tokens=12, eos=False).token_ids
+
+
+def test_eagle2_trees_on_the_mtp_module(target, module, plain):
+  """EAGLE-2 trees built from the MTP module: greedy rows equal plain decoding, a sampled row
+  runs, nothing recompiles; the tree is topologically ordered with the root's top-k first."""
+  from jspec import tree
+  spec = SpecDecoder(target, {"method": "mtp", "num_speculative_tokens": 6, "tree_top_k": 2,
+                              "tree_depth": 3}, draft_model=module)
+  assert spec.drafter.tree
+  kw = dict(max_new_tokens=30, temperature=[0.0, 0.0, 1.0], eos=False)
+  spec.generate(_prompts(3, 2), **kw)
+  prompts = _prompts(3, 3)
+  with count_compiles() as c:
+    out = spec.generate(prompts, seed=4, **kw)
+  assert c.count == 0 and out.token_ids[:2] == plain(prompts, 30)[:2]
+  state, sampling = spec.prefill(prompts, max_new_tokens=4)
+  ctx = Context(tokens=state.tokens, length=state.length, prompt_len=state.prompt_len,
+                sampling=sampling)
+  draft, _ = spec.drafter.propose(spec.drafter_params, state.drafter_state, ctx, None)
+  parent = np.asarray(draft.parent)
+  tree.check_parents(parent)
+  d2t = np.asarray(module.draft_to_target[...])
+  top = d2t[np.argsort(-np.asarray(state.drafter_state.logits), axis=1)[:, :2]]
+  for b in range(3):
+    assert set(np.asarray(draft.tokens)[b][parent[b] == 0]) <= set(top[b])
+  with pytest.raises(ValueError, match="both tree_top_k"):
+    SpecDecoder(target, {"method": "mtp", "num_speculative_tokens": 4, "tree_depth": 2},
+                draft_model=module)

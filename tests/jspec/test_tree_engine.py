@@ -129,8 +129,13 @@ def test_eagle2_tree_shape(tiny):
                           "tree_depth": 3}, draft_model=head)
   state, _ = sd.prefill(_prompts(7, [5, 8]), max_new_tokens=8)
   h = nnx.merge(sd.drafter.graphdef, sd.drafter_params["head"])
-  draft = jax.jit(lambda s: eagle_tree.propose_tree(h, sd.drafter_params["embed"], s, 3, 3, 9))(
-      state.drafter_state)
+  def expand(feature, emb, positions, attend):
+    a, aux = h.layer(feature, emb, positions, attend)
+    return a, h.draft_logits(a), aux
+
+  draft = jax.jit(lambda s: eagle_tree.propose_tree(
+      expand, h.draft_to_target[...], sd.drafter_params["embed"], s.cache, s.feature, s.logits,
+      3, 3, 9))(state.drafter_state)
   parent = np.asarray(draft.parent)
   tree.check_parents(parent)
   d = np.asarray(tree.depths(tree.ancestor_mask(draft.parent)))
