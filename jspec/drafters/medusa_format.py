@@ -17,15 +17,14 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.medusa import MedusaConfig, MedusaHead
-from jspec.drafters.speculators_format import CHECKSUMS, CONFIG, HEADS_DIR, WEIGHTS, HeadLoadError
+from jspec.drafters.speculators_format import (CHECKSUMS, CONFIG, WEIGHTS, HeadLoadError,
+                                               check_sums, find_shipped, target_shape)
 from models.config import LlamaConfig
 
-_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-          "num_kv_heads", "head_dim")
 # Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
 SHIPPED: list[tuple[dict, str, str]] = [
     # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
-    ({k: getattr(LlamaConfig.smollm2_135m(), k) for k in _SHAPE},
+    (target_shape(LlamaConfig.smollm2_135m()),
      "smollm2-135m-instruct-medusa",
      "f6e7a8ff4ce79d163a88adc44fa94b9aade46b0374988e3e4a345b6b80d57c4e"),
 ]
@@ -33,10 +32,7 @@ SHIPPED: list[tuple[dict, str, str]] = [
 
 def shipped(target: LlamaConfig) -> tuple[str, str] | None:
   """(folder, weights sha256) of the Medusa head shipped for a target of this shape, if any."""
-  for shape, folder, sha in SHIPPED:
-    if all(getattr(target, k) == v for k, v in shape.items()):
-      return os.path.join(HEADS_DIR, folder), sha
-  return None
+  return find_shipped(SHIPPED, target)
 
 
 def shipped_head(target: LlamaConfig) -> str:
@@ -147,23 +143,6 @@ def read_rank_accuracy(folder: str) -> list[list[float]]:
     return json.load(f)["rank_accuracy"]
 
 
-def _check_sums(folder: str, expected_sha256: str | None) -> None:
-  from models.fetch import sha256_of
-
-  sums_path = os.path.join(folder, CHECKSUMS)
-  expected = {}
-  if os.path.isfile(sums_path):
-    with open(sums_path) as f:
-      expected = json.load(f)
-  if expected_sha256 is not None:
-    expected[WEIGHTS] = expected_sha256
-  for name, want in expected.items():
-    got = sha256_of(os.path.join(folder, name))
-    if got != want:
-      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
-                          "file is corrupt or was changed; restore or re-export the head")
-
-
 def load_medusa(folder: str, *, dtype=jnp.float32,
                 expected_sha256: str | None = None) -> MedusaHead:
   """Reads a Medusa head folder; every check happens before any compilation."""
@@ -173,7 +152,7 @@ def load_medusa(folder: str, *, dtype=jnp.float32,
   wpath = os.path.join(folder, WEIGHTS)
   if not os.path.isfile(wpath):
     raise HeadLoadError(f"{wpath} is missing (a Medusa head folder holds {CONFIG} and {WEIGHTS})")
-  _check_sums(folder, expected_sha256)
+  check_sums(folder, expected_sha256)
   try:
     tensors = load_file(wpath)
   except Exception as e:   # safetensors raises its own error types for a malformed file

@@ -22,16 +22,15 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.mtp import MTPConfig, MTPModule
-from jspec.drafters.speculators_format import CHECKSUMS, CONFIG, HEADS_DIR, WEIGHTS, HeadLoadError
+from jspec.drafters.speculators_format import (CHECKSUMS, CONFIG, WEIGHTS, HeadLoadError,
+                                               check_sums, find_shipped, target_shape)
 from models.config import LlamaConfig
 from models.weights import _IN_LAYER
 
-_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-          "num_kv_heads", "head_dim")
 # Modules shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
 SHIPPED: list[tuple[dict, str, str]] = [
     # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
-    ({k: getattr(LlamaConfig.smollm2_135m(), k) for k in _SHAPE},
+    (target_shape(LlamaConfig.smollm2_135m()),
      "smollm2-135m-instruct-mtp",
      "59015d77d97acec6b404568fd5faa2a17dcc78db0819a45e2a7c03364dd13e7d"),
 ]
@@ -48,10 +47,7 @@ SHARED = ("shared_head.head.weight", "embed_tokens.weight")   # the target's; ne
 
 def shipped(target: LlamaConfig) -> tuple[str, str] | None:
   """(folder, weights sha256) of the MTP module shipped for a target of this shape, if any."""
-  for shape, folder, sha in SHIPPED:
-    if all(getattr(target, k) == v for k, v in shape.items()):
-      return os.path.join(HEADS_DIR, folder), sha
-  return None
+  return find_shipped(SHIPPED, target)
 
 
 def shipped_head(target: LlamaConfig) -> str:
@@ -168,23 +164,6 @@ def read_config(folder: str) -> MTPConfig:
     raise HeadLoadError(f"{path} is not a valid MTP head config: {e!r}") from None
 
 
-def _check_sums(folder: str, expected_sha256: str | None) -> None:
-  from models.fetch import sha256_of
-
-  sums_path = os.path.join(folder, CHECKSUMS)
-  expected = {}
-  if os.path.isfile(sums_path):
-    with open(sums_path) as f:
-      expected = json.load(f)
-  if expected_sha256 is not None:
-    expected[WEIGHTS] = expected_sha256
-  for name, want in expected.items():
-    got = sha256_of(os.path.join(folder, name))
-    if got != want:
-      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
-                          "file is corrupt or was changed; restore or re-export the head")
-
-
 def load_mtp(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = None) -> MTPModule:
   """Reads a jspec MTP head folder; every check happens before any compilation."""
   from safetensors.numpy import load_file
@@ -193,7 +172,7 @@ def load_mtp(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = No
   wpath = os.path.join(folder, WEIGHTS)
   if not os.path.isfile(wpath):
     raise HeadLoadError(f"{wpath} is missing (an MTP head folder holds {CONFIG} and {WEIGHTS})")
-  _check_sums(folder, expected_sha256)
+  check_sums(folder, expected_sha256)
   try:
     tensors = load_file(wpath)
   except Exception as e:   # safetensors raises its own error types for a malformed file

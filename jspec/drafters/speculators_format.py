@@ -23,12 +23,19 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 CHECKSUMS = "checksums.json"
 HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
-# Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
 _SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
           "num_kv_heads", "head_dim")
+
+
+def target_shape(target: LlamaConfig) -> dict:
+  """The fields that identify a target for a shipped head (every learned drafter's list)."""
+  return {k: getattr(target, k) for k in _SHAPE}
+
+
+# Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
 SHIPPED: list[tuple[dict, str, str]] = [
     # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
-    ({k: getattr(LlamaConfig.smollm2_135m(), k) for k in _SHAPE},
+    (target_shape(LlamaConfig.smollm2_135m()),
      "smollm2-135m-instruct-eagle3",
      "2719daaa6a4fce260c6136923a90ff6347a89a3d6f6a2ae409bef2308e44bef6"),
 ]
@@ -56,12 +63,37 @@ class HeadLoadError(ValueError):
   """A head checkpoint that cannot be used (missing files, wrong shapes, wrong checksum)."""
 
 
-def shipped(target: LlamaConfig) -> tuple[str, str] | None:
-  """(folder, weights sha256) of the head shipped for a target of this shape, if any."""
-  for shape, folder, sha in SHIPPED:
+def find_shipped(entries, target: LlamaConfig) -> tuple[str, str] | None:
+  """(folder, weights sha256) of the entry in `entries` (a format's SHIPPED list) whose target
+  shape is `target`'s, if any."""
+  for shape, folder, sha in entries:
     if all(getattr(target, k) == v for k, v in shape.items()):
       return os.path.join(HEADS_DIR, folder), sha
   return None
+
+
+def check_sums(folder: str, expected_sha256: str | None) -> None:
+  """Checks the folder's files against its checksums.json and the weights against
+  expected_sha256 (a shipped head's); raises HeadLoadError on a mismatch."""
+  from models.fetch import sha256_of
+
+  sums_path = os.path.join(folder, CHECKSUMS)
+  expected = {}
+  if os.path.isfile(sums_path):
+    with open(sums_path) as f:
+      expected = json.load(f)
+  if expected_sha256 is not None:
+    expected[WEIGHTS] = expected_sha256
+  for name, want in expected.items():
+    got = sha256_of(os.path.join(folder, name))
+    if got != want:
+      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
+                          "file is corrupt or was changed; restore or re-export the head")
+
+
+def shipped(target: LlamaConfig) -> tuple[str, str] | None:
+  """(folder, weights sha256) of the head shipped for a target of this shape, if any."""
+  return find_shipped(SHIPPED, target)
 
 
 def shipped_head(target: LlamaConfig) -> str:
@@ -184,25 +216,12 @@ def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None =
   """Reads a speculators-format EAGLE-3 head; every check happens before any compilation."""
   from safetensors.numpy import load_file
 
-  from models.fetch import sha256_of
-
   cfg = read_config(folder)
   wpath = os.path.join(folder, WEIGHTS)
   if not os.path.isfile(wpath):
     raise HeadLoadError(f"{wpath} is missing (an EAGLE-3 head folder holds {CONFIG} and "
                         f"{WEIGHTS})")
-  sums_path = os.path.join(folder, CHECKSUMS)
-  expected = {}
-  if os.path.isfile(sums_path):
-    with open(sums_path) as f:
-      expected = json.load(f)
-  if expected_sha256 is not None:
-    expected[WEIGHTS] = expected_sha256
-  for name, want in expected.items():
-    got = sha256_of(os.path.join(folder, name))
-    if got != want:
-      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
-                          "file is corrupt or was changed; restore or re-export the head")
+  check_sums(folder, expected_sha256)
   try:
     tensors = load_file(wpath)
   except Exception as e:   # safetensors raises its own error types for a malformed file
