@@ -42,11 +42,23 @@ def cmd_data(args) -> None:
   print(json.dumps({k: v for k, v in manifest.items() if k != "shards"}, indent=2))
 
 
-def cmd_eagle3(args) -> None:
+def _positive(args, *flags: str) -> None:
+  for flag in flags:
+    if getattr(args, flag) < 1:
+      raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+
+
+def _train(args, weights: str, validate, make_task, prepare_features, save) -> None:
+  """The shared shape of `jspec train eagle3 | medusa | mtp`: cheap checks first (settings, data,
+  a writable export), then the draft vocabulary, the method's Task, its feature cache, training
+  with checkpoints (resumed by running the same command), and the export.
+
+  validate() raises ValueError for the method's own flags; make_task(target, ids) -> Task;
+  prepare_features(target, folder, cfg, task) fills the feature cache; save(module, folder, dtype,
+  verifier) -> {file: sha256}."""
   import jax.numpy as jnp
 
   import models
-  from jspec.drafters import speculators_format
   from jspec.io import check_writable
   from jspec.train import eagle3, trainer
   from jspec.train.data import read_manifest, token_counts
@@ -56,13 +68,12 @@ def cmd_eagle3(args) -> None:
                               lr=args.lr, warmup=args.warmup, save_every=args.save_every,
                               keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
                               seed=args.seed)
-    if args.ttt_steps < 1:
-      raise ValueError(f"--ttt-steps must be >= 1, got {args.ttt_steps}")
+    validate()
     read_manifest(args.data)
     export = args.export or os.path.join(args.out, "head")
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(export, exist_ok=True)
-    check_writable(os.path.join(export, speculators_format.WEIGHTS))
+    check_writable(os.path.join(export, weights))
   except (ValueError, OSError) as e:
     sys.exit(f"jspec: {e}")
   args.interrupt_note = (f"checkpoints are saved in {args.out}/checkpoints; run the same "
@@ -74,148 +85,79 @@ def cmd_eagle3(args) -> None:
     # rank by reply counts, ties (unseen in replies) by counts over whole conversations
     everywhere = token_counts(args.data, target.config.vocab_size, replies_only=False)
     ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, args.draft_vocab)
-    task = eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
-                              ttt_steps=args.ttt_steps, decay=args.decay, seed=args.seed)
+    task = make_task(target, ids)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   coverage = counts[ids].sum() / max(counts.sum(), 1)
   print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
         file=sys.stderr)
   features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
-  if features is not None:
-    from jspec.train.features import cache_features
-    cache_features(target, args.data, features, taps=tuple(task.meta["head"]["taps"]),
-                   seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
   try:
+    if features is not None:
+      prepare_features(target, features, cfg, task)
     history = trainer.train(task, args.data, args.out, cfg, progress=not args.no_progress,
                             stop_after=args.stop_after, features=features)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
-  head = task.module(task.params)
   dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[args.dtype]
-  sums = speculators_format.save_eagle3(head, export, dtype=dtype, num_draft=args.ttt_steps,
-                                        verifier=loaded.name)
+  sums = save(task.module(task.params), export, dtype, loaded.name)
   last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
   print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
                         draft_vocab=len(ids), draft_vocab_coverage=coverage,
                         heldout=last_eval), indent=2))
+
+
+def cmd_eagle3(args) -> None:
+  from jspec.drafters import speculators_format
+  from jspec.train import eagle3
+  from jspec.train.features import cache_features
+
+  def prepare(target, folder, cfg, task):
+    cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
+                   seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
+
+  _train(args, speculators_format.WEIGHTS, lambda: _positive(args, "ttt_steps"),
+         lambda target, ids: eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
+                                                ttt_steps=args.ttt_steps, decay=args.decay,
+                                                seed=args.seed),
+         prepare,
+         lambda head, folder, dtype, verifier: speculators_format.save_eagle3(
+             head, folder, dtype=dtype, num_draft=args.ttt_steps, verifier=verifier))
 
 
 def cmd_medusa(args) -> None:
-  import jax.numpy as jnp
-
-  import models
   from jspec.drafters import medusa_format
-  from jspec.io import check_writable
-  from jspec.train import eagle3, medusa, trainer
-  from jspec.train.data import read_manifest, token_counts
+  from jspec.train import medusa
 
-  try:   # everything cheap first: settings, data, writable outputs
-    cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                              lr=args.lr, warmup=args.warmup, save_every=args.save_every,
-                              keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
-                              seed=args.seed)
-    for flag in ("num_heads", "num_layers"):
-      if getattr(args, flag) < 1:
-        raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    read_manifest(args.data)
-    export = args.export or os.path.join(args.out, "head")
-    os.makedirs(args.out, exist_ok=True)
-    os.makedirs(export, exist_ok=True)
-    check_writable(os.path.join(export, medusa_format.WEIGHTS))
-  except (ValueError, OSError) as e:
-    sys.exit(f"jspec: {e}")
-  args.interrupt_note = (f"checkpoints are saved in {args.out}/checkpoints; run the same "
-                         "command again to resume")
-  loaded = models.load(args.model)
-  target = loaded.model
-  try:
-    counts = token_counts(args.data, target.config.vocab_size)
-    # the EAGLE-3 builder: rank by reply counts, ties by counts over whole conversations
-    everywhere = token_counts(args.data, target.config.vocab_size, replies_only=False)
-    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, args.draft_vocab)
-    task = medusa.medusa_task(target, ids, num_heads=args.num_heads, num_layers=args.num_layers,
-                              decay=args.decay, seed=args.seed)
-  except ValueError as e:
-    sys.exit(f"jspec: {e}")
-  coverage = counts[ids].sum() / max(counts.sum(), 1)
-  print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
-        file=sys.stderr)
-  features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
-  try:
-    if features is not None:
-      medusa.ensure_features(target, args.data, features, seq_len=cfg.seq_len,
-                             batch_size=cfg.batch_size, progress=not args.no_progress)
-    history = trainer.train(task, args.data, args.out, cfg, progress=not args.no_progress,
-                            stop_after=args.stop_after, features=features)
-  except ValueError as e:
-    sys.exit(f"jspec: {e}")
-  head = task.module(task.params)
-  dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[args.dtype]
-  sums = medusa_format.save_medusa(head, export, dtype=dtype, verifier=loaded.name)
-  last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
-  print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
-                        draft_vocab=len(ids), draft_vocab_coverage=coverage,
-                        heldout=last_eval), indent=2))
+  _train(args, medusa_format.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"),
+         lambda target, ids: medusa.medusa_task(target, ids, num_heads=args.num_heads,
+                                                num_layers=args.num_layers, decay=args.decay,
+                                                seed=args.seed),
+         lambda target, folder, cfg, task: medusa.ensure_features(
+             target, args.data, folder, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+             progress=not args.no_progress),
+         lambda head, folder, dtype, verifier: medusa_format.save_medusa(
+             head, folder, dtype=dtype, verifier=verifier))
 
 
 def cmd_mtp(args) -> None:
-  import jax.numpy as jnp
-
-  import models
   from jspec.drafters import mtp_format
-  from jspec.io import check_writable
-  from jspec.train import eagle3, mtp, trainer
-  from jspec.train.data import read_manifest, token_counts
+  from jspec.train import mtp
 
-  try:   # everything cheap first: settings, data, writable outputs
-    cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
-                              lr=args.lr, warmup=args.warmup, save_every=args.save_every,
-                              keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
-                              seed=args.seed)
-    if args.mtp_steps < 1:
-      raise ValueError(f"--mtp-steps must be >= 1, got {args.mtp_steps}")
+  def validate():
+    _positive(args, "mtp_steps")
     if not 0 < args.beta <= 1:
       raise ValueError(f"--beta must be in (0, 1], got {args.beta}")
-    read_manifest(args.data)
-    export = args.export or os.path.join(args.out, "head")
-    os.makedirs(args.out, exist_ok=True)
-    os.makedirs(export, exist_ok=True)
-    check_writable(os.path.join(export, mtp_format.WEIGHTS))
-  except (ValueError, OSError) as e:
-    sys.exit(f"jspec: {e}")
-  args.interrupt_note = (f"checkpoints are saved in {args.out}/checkpoints; run the same "
-                         "command again to resume")
-  loaded = models.load(args.model)
-  target = loaded.model
-  try:
-    counts = token_counts(args.data, target.config.vocab_size)
-    # the EAGLE-3 builder: rank by reply counts, ties by counts over whole conversations
-    everywhere = token_counts(args.data, target.config.vocab_size, replies_only=False)
-    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, args.draft_vocab)
-    task = mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta, seed=args.seed)
-  except ValueError as e:
-    sys.exit(f"jspec: {e}")
-  coverage = counts[ids].sum() / max(counts.sum(), 1)
-  print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
-        file=sys.stderr)
-  features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
-  try:
-    if features is not None:
-      mtp.ensure_features(target, args.data, features, seq_len=cfg.seq_len,
-                          batch_size=cfg.batch_size, progress=not args.no_progress)
-    history = trainer.train(task, args.data, args.out, cfg, progress=not args.no_progress,
-                            stop_after=args.stop_after, features=features)
-  except ValueError as e:
-    sys.exit(f"jspec: {e}")
-  module = task.module(task.params)
-  dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[args.dtype]
-  sums = mtp_format.save_mtp(module, export, dtype=dtype, num_draft=args.mtp_steps,
-                             verifier=loaded.name)
-  last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
-  print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
-                        draft_vocab=len(ids), draft_vocab_coverage=coverage,
-                        heldout=last_eval), indent=2))
+
+  _train(args, mtp_format.WEIGHTS, validate,
+         lambda target, ids: mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta,
+                                          seed=args.seed),
+         lambda target, folder, cfg, task: mtp.ensure_features(
+             target, args.data, folder, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+             progress=not args.no_progress),
+         lambda module, folder, dtype, verifier: mtp_format.save_mtp(
+             module, folder, dtype=dtype, num_draft=args.mtp_steps, verifier=verifier))
+
 
 def add_parser(sub, default_model: str) -> None:
   t = sub.add_parser("train", help="build drafter training data; train a learned drafter")

@@ -73,16 +73,20 @@ def test_eagle3_without_a_head_says_how_to_get_one():
     SpecDecoder(model, {"method": "eagle3", "num_speculative_tokens": 2})
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "steps must be an integer >= 1"),
-    (["--warmup", "5000"], "warmup must be in [0, steps=2000]"),
-    (["--ttt-steps", "0"], "--ttt-steps must be >= 1"),
-    (["--data", "/nonexistent/data"], "has no manifest.json"),
+@pytest.mark.parametrize("method, argv, message", [
+    ("eagle3", ["--steps", "0"], "steps must be an integer >= 1"),
+    ("eagle3", ["--warmup", "5000"], "warmup must be in [0, steps=2000]"),
+    ("eagle3", ["--ttt-steps", "0"], "--ttt-steps must be >= 1"),
+    ("eagle3", ["--data", "/nonexistent/data"], "has no manifest.json"),
+    ("medusa", ["--num-heads", "0"], "--num-heads must be >= 1"),
+    ("medusa", ["--data", "/nonexistent/data"], "has no manifest.json"),
+    ("mtp", ["--mtp-steps", "0"], "--mtp-steps must be >= 1"),
+    ("mtp", ["--beta", "1.5"], "--beta must be in (0, 1]"),
 ])
-def test_train_cli_rejects_bad_input_before_loading(argv, message, tmp_path, monkeypatch):
+def test_train_cli_rejects_bad_input_before_loading(method, argv, message, tmp_path, monkeypatch):
   import models
   monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("loaded a model"))
-  base = ["train", "eagle3", "--data", str(tmp_path), "--out", str(tmp_path / "out")]
+  base = ["train", method, "--data", str(tmp_path), "--out", str(tmp_path / "out")]
   with pytest.raises(SystemExit) as e:
     cli.main(base + argv)
   assert message in str(e.value)
