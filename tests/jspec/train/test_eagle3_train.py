@@ -15,7 +15,7 @@ from jspec import Decoder, SpecDecoder, count_compiles
 from jspec.drafters import speculators_format as sf
 from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, cache_attend
 from jspec.train import eagle3, trainer
-from jspec.train.data import FORMAT
+from tests.jspec.train.shards import random_prompts, write_greedy_shards
 from models import KVCache, Llama, LlamaConfig
 
 CFG = LlamaConfig.tiny(vocab_size=64, num_layers=4)
@@ -29,8 +29,7 @@ def target():
 
 
 def _prompts(n, seed=0):
-  rng = np.random.default_rng(seed)
-  return [rng.integers(0, CFG.vocab_size, int(rng.integers(4, 9))).tolist() for _ in range(n)]
+  return random_prompts(n, CFG.vocab_size, seed)
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +37,7 @@ def data_dir(target, tmp_path_factory):
   """Shards in `jspec train data`'s format: prompts answered greedily by the tiny target."""
   d = tmp_path_factory.mktemp("eagle3_data")
   prompts = _prompts(48)
-  out = Decoder(target).generate(prompts, max_new_tokens=40, eos=False)
-  seqs = [p + r for p, r in zip(prompts, out.token_ids)]
-  masks = [[0] * len(p) + [1] * len(r) for p, r in zip(prompts, out.token_ids)]
-  np.savez(d / "shard_00000.npz", tokens=np.concatenate(seqs).astype(np.int32),
-           offsets=np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
-           loss_mask=np.concatenate(masks).astype(np.uint8),
-           prompt_ids=np.asarray([f"p{i}" for i in range(len(seqs))]),
-           turns=np.ones(len(seqs), np.int32))
-  (d / "manifest.json").write_text(json.dumps(
-      {"format": FORMAT, "complete": True, "shards": [{"file": "shard_00000.npz"}]}))
+  write_greedy_shards(d, target, prompts)
   return str(d), prompts
 
 

@@ -2,7 +2,6 @@
 the trained heads accept on their own training prompts (speculative output equal to plain), a
 resumed run reproduces the uninterrupted one, and a feature cache's last slot serves."""
 
-import json
 
 import jax
 import jax.numpy as jnp
@@ -12,7 +11,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder
 from jspec.train import eagle3, medusa, trainer
-from jspec.train.data import FORMAT
+from tests.jspec.train.shards import random_prompts, write_greedy_shards
 from models import Llama, LlamaConfig
 
 CFG = LlamaConfig.tiny(vocab_size=64, num_layers=3)
@@ -26,8 +25,7 @@ def target():
 
 
 def _prompts(n, seed=0):
-  rng = np.random.default_rng(seed)
-  return [rng.integers(0, CFG.vocab_size, int(rng.integers(4, 9))).tolist() for _ in range(n)]
+  return random_prompts(n, CFG.vocab_size, seed)
 
 
 @pytest.fixture(scope="module")
@@ -35,16 +33,7 @@ def data_dir(target, tmp_path_factory):
   """Shards in `jspec train data`'s format: prompts answered greedily by the tiny target."""
   d = tmp_path_factory.mktemp("medusa_data")
   prompts = _prompts(40)
-  out = Decoder(target).generate(prompts, max_new_tokens=40, eos=False)
-  seqs = [p + r for p, r in zip(prompts, out.token_ids)]
-  masks = [[0] * len(p) + [1] * len(r) for p, r in zip(prompts, out.token_ids)]
-  np.savez(d / "shard_00000.npz", tokens=np.concatenate(seqs).astype(np.int32),
-           offsets=np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
-           loss_mask=np.concatenate(masks).astype(np.uint8),
-           prompt_ids=np.asarray([f"p{i}" for i in range(len(seqs))]),
-           turns=np.ones(len(seqs), np.int32))
-  (d / "manifest.json").write_text(json.dumps(
-      {"format": FORMAT, "complete": True, "shards": [{"file": "shard_00000.npz"}]}))
+  write_greedy_shards(d, target, prompts)
   return str(d), prompts
 
 

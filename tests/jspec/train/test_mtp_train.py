@@ -2,7 +2,6 @@
 the loss falls and the trained module accepts, a resumed run reproduces the uninterrupted one, the
 feature cache's last slot is the final normed hidden state, and the step weights are FastMTP's."""
 
-import json
 import os
 import shutil
 
@@ -12,12 +11,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jspec import Decoder, SpecDecoder
+from jspec import SpecDecoder
 from jspec.drafters.eagle3 import cache_attend
 from jspec.drafters.mtp import MTPDrafter
 from jspec.train import features, mtp, trainer
-from jspec.train.data import FORMAT, TokenShards
+from jspec.train.data import TokenShards
 from models import KVCache, Llama, LlamaConfig
+from tests.jspec.train.shards import random_prompts, write_greedy_shards
 
 CFG = LlamaConfig.tiny(vocab_size=64, num_layers=3)
 SEQ = 48
@@ -31,8 +31,7 @@ def target():
 
 
 def _prompts(n, seed=0):
-  rng = np.random.default_rng(seed)
-  return [rng.integers(0, CFG.vocab_size, int(rng.integers(4, 9))).tolist() for _ in range(n)]
+  return random_prompts(n, CFG.vocab_size, seed)
 
 
 @pytest.fixture(scope="module")
@@ -41,16 +40,7 @@ def data_dir(target, tmp_path_factory):
   feature cache with taps (1, 2) before the final normed hidden state."""
   d = tmp_path_factory.mktemp("mtp_data")
   prompts = _prompts(48)
-  out = Decoder(target).generate(prompts, max_new_tokens=40, eos=False)
-  seqs = [p + r for p, r in zip(prompts, out.token_ids)]
-  masks = [[0] * len(p) + [1] * len(r) for p, r in zip(prompts, out.token_ids)]
-  np.savez(d / "shard_00000.npz", tokens=np.concatenate(seqs).astype(np.int32),
-           offsets=np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64),
-           loss_mask=np.concatenate(masks).astype(np.uint8),
-           prompt_ids=np.asarray([f"p{i}" for i in range(len(seqs))]),
-           turns=np.ones(len(seqs), np.int32))
-  (d / "manifest.json").write_text(json.dumps(
-      {"format": FORMAT, "complete": True, "shards": [{"file": "shard_00000.npz"}]}))
+  write_greedy_shards(d, target, prompts)
   feats = str(d / "feats")
   features.cache_features(target, str(d), feats, taps=(1, 2), seq_len=SEQ, batch_size=16,
                           progress=False)
