@@ -22,8 +22,9 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.mtp import MTPConfig, MTPModule
-from jspec.drafters.speculators_format import (CHECKSUMS, CONFIG, WEIGHTS, HeadLoadError,
-                                               check_sums, find_shipped, target_shape)
+from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError,
+                                               check_sums, find_shipped, target_shape,
+                                               write_head_files)
 from models.config import LlamaConfig
 from models.weights import _IN_LAYER
 
@@ -112,26 +113,15 @@ def save_mtp(module: MTPModule, folder: str, *, dtype=jnp.bfloat16, num_draft: i
              verifier: str = "") -> dict[str, str]:
   """Writes config.json, model.safetensors (weights cast to `dtype`) and checksums.json; each file
   atomically. Returns {file: sha256}."""
-  from safetensors.numpy import save
 
-  from jspec.io import atomic_write_bytes, check_writable
-  from models.fetch import sha256_of
+  from jspec.io import check_writable
 
   os.makedirs(folder, exist_ok=True)
   check_writable(os.path.join(folder, WEIGHTS))
   cfg = module.config
   tensors = to_tensors(module, dtype=dtype)
-  ids = np.asarray(module.draft_to_target[...], np.int64)
-  tensors["d2t"] = ids - np.arange(cfg.draft_vocab_size, dtype=np.int64)
-  t2d = np.zeros((cfg.vocab_size,), bool)
-  t2d[ids] = True
-  tensors["t2d"] = t2d
-  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
-  atomic_write_bytes(os.path.join(folder, CONFIG),
-                     (json.dumps(_config_dict(cfg, num_draft, verifier), indent=2) + "\n").encode())
-  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
-  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
-  return sums
+  return write_head_files(folder, tensors, _config_dict(cfg, num_draft, verifier),
+                          module.draft_to_target[...], cfg.vocab_size)
 
 
 def read_config(folder: str) -> MTPConfig:

@@ -138,14 +138,34 @@ def _get(tree, path):
   return tree
 
 
+def write_head_files(folder: str, tensors: dict, config: dict, draft_to_target,
+                     vocab_size: int) -> dict:
+  """Writes a head folder: model.safetensors (tensors plus the draft-vocabulary maps `d2t`, the
+  offset of each draft id's target id, and `t2d`, the target ids in the vocabulary), config.json
+  and checksums.json, each atomically. Returns {file: sha256}."""
+  from safetensors.numpy import save
+
+  from jspec.io import atomic_write_bytes
+  from models.fetch import sha256_of
+
+  ids = np.asarray(draft_to_target, np.int64)
+  tensors = dict(tensors, d2t=ids - np.arange(len(ids), dtype=np.int64))
+  t2d = np.zeros((vocab_size,), bool)
+  t2d[ids] = True
+  tensors["t2d"] = t2d
+  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
+  atomic_write_bytes(os.path.join(folder, CONFIG), (json.dumps(config, indent=2) + "\n").encode())
+  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
+  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
+  return sums
+
+
 def save_eagle3(head: Eagle3Head, folder: str, *, dtype=jnp.bfloat16, num_draft: int = 3,
                 verifier: str = "") -> dict[str, str]:
   """Writes config.json, model.safetensors (weights cast to `dtype`) and checksums.json; each file
   atomically. Returns {file: sha256}."""
-  from safetensors.numpy import save
 
-  from jspec.io import atomic_write_bytes, check_writable
-  from models.fetch import sha256_of
+  from jspec.io import check_writable
 
   os.makedirs(folder, exist_ok=True)
   check_writable(os.path.join(folder, WEIGHTS))
@@ -156,17 +176,8 @@ def save_eagle3(head: Eagle3Head, folder: str, *, dtype=jnp.bfloat16, num_draft:
     x = jnp.asarray(_get(head, path)[...]).astype(dtype)
     x = x.T if name in _LINEAR else x
     tensors[name] = _to_numpy(x, np_dtype)
-  ids = np.asarray(head.draft_to_target[...], np.int64)
-  tensors["d2t"] = ids - np.arange(cfg.draft_vocab_size, dtype=np.int64)
-  t2d = np.zeros((cfg.vocab_size,), bool)
-  t2d[ids] = True
-  tensors["t2d"] = t2d
-  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
-  atomic_write_bytes(os.path.join(folder, CONFIG),
-                     (json.dumps(_config_dict(cfg, num_draft, verifier), indent=2) + "\n").encode())
-  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
-  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
-  return sums
+  return write_head_files(folder, tensors, _config_dict(cfg, num_draft, verifier), head.draft_to_target[...],
+                          cfg.vocab_size)
 
 
 def _to_numpy(x, np_dtype):
