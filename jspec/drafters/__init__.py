@@ -1,5 +1,5 @@
 """Drafters: one algorithm per file, all behind the interface in `base.py`; each module registers
 its method in `registry.py` on import."""
 
-from jspec.drafters import (draft_model, eagle3, lookahead, medusa, mtp, ngram,  # noqa: F401
-                            prediction, suffix)  # (registration)
+from jspec.drafters import (dflash, draft_model, dspark, eagle3, lookahead,  # noqa: F401
+                            medusa, mtp, ngram, prediction, suffix)  # (registration)
