@@ -1,12 +1,14 @@
 """`jspec train data` (regenerate replies with the target), `jspec train eagle3` (train, resume,
-export a speculators-format head), `jspec train medusa` and `jspec train mtp` (the same for Medusa
-heads and MTP modules)."""
+export a speculators-format head), `jspec train medusa`, `mtp`, `dflash` and `dspark` (the same
+for Medusa heads, MTP modules and DFlash / DSpark block drafters)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+
+import numpy as np
 
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
@@ -159,6 +161,76 @@ def cmd_mtp(args) -> None:
              module, folder, dtype=dtype, num_draft=args.mtp_steps, verifier=verifier))
 
 
+def _cmd_block(args, kind: str) -> None:
+  from jspec.drafters import dflash_format, speculators_format
+  from jspec.train import dflash
+  from jspec.train.data import token_counts
+  from jspec.train.features import cache_features
+
+  def validate():
+    _positive(args, "num_layers", "block_size", "max_anchors")
+    if args.block_size < 2:
+      raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
+    if not args.gamma > 0:
+      raise ValueError(f"--gamma must be > 0, got {args.gamma}")
+    if kind == "dspark":
+      _positive(args, "markov_rank")
+
+  def make_task(target, ids):
+    mask = args.mask_token
+    if mask is None:   # the first token id that never occurs in the data
+      unused = np.flatnonzero(token_counts(args.data, target.config.vocab_size,
+                                           replies_only=False) == 0)
+      if not len(unused):
+        raise ValueError("every token occurs in the data: choose the MASK token with "
+                         "--mask-token ID")
+      mask = int(unused[0])
+    return dflash.block_task(target, ids, kind, num_layers=args.num_layers,
+                             block_size=args.block_size, mask_token_id=mask,
+                             taps=_ints(args.taps, "--taps"), markov_rank=args.markov_rank,
+                             markov_gated=args.markov_gated, gamma=args.gamma,
+                             max_anchors=args.max_anchors, seed=args.seed)
+
+  def prepare(target, folder, cfg, task):
+    cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
+                   seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
+
+  _train(args, speculators_format.WEIGHTS, validate, make_task, prepare,
+         lambda module, folder, dtype, verifier: dflash_format.save(module, folder, dtype=dtype,
+                                                                    verifier=verifier))
+
+
+def cmd_dflash(args) -> None:
+  _cmd_block(args, "dflash")
+
+
+def cmd_dspark(args) -> None:
+  _cmd_block(args, "dspark")
+
+
+def _common(p, default_model: str, lr: float, warmup: int, draft_vocab: int) -> None:
+  """The flags every `jspec train METHOD` shares."""
+  p.add_argument("--data", required=True, help="a folder written by `jspec train data`")
+  p.add_argument("--out", required=True, help="checkpoints, train_log.jsonl and head/")
+  p.add_argument("--model", default=default_model)
+  p.add_argument("--export", default=None, help="head folder (default OUT/head)")
+  p.add_argument("--steps", type=int, default=2000)
+  p.add_argument("--stop-after", type=int, default=None,
+                 help="end after this many steps of this run (resume later)")
+  p.add_argument("--batch-size", type=int, default=8)
+  p.add_argument("--seq-len", type=int, default=512)
+  p.add_argument("--lr", type=float, default=lr)
+  p.add_argument("--warmup", type=int, default=warmup)
+  p.add_argument("--draft-vocab", type=int, default=draft_vocab)
+  p.add_argument("--save-every", type=int, default=100)
+  p.add_argument("--keep", type=int, default=3)
+  p.add_argument("--eval-every", type=int, default=200)
+  p.add_argument("--holdout", type=int, default=32)
+  p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--no-progress", action="store_true")
+
+
 def add_parser(sub, default_model: str) -> None:
   t = sub.add_parser("train", help="build drafter training data; train a learned drafter")
   tsub = t.add_subparsers(dest="train_command", required=True)
@@ -274,3 +346,30 @@ def add_parser(sub, default_model: str) -> None:
   mt.add_argument("--seed", type=int, default=0)
   mt.add_argument("--no-progress", action="store_true")
   mt.set_defaults(func=cmd_mtp)
+
+  for kind, text in (("dflash", "a DFlash block drafter"),
+                     ("dspark", "a DSpark block drafter (DFlash backbone + Markov and confidence "
+                                "heads)")):
+    b = tsub.add_parser(kind, help=f"train {text} (orbax checkpoints; resumes)")
+    _common(b, default_model, lr=6e-4, warmup=30, draft_vocab=8192)
+    b.add_argument("--num-layers", type=int, default=1, help="draft layers (target-shaped)")
+    b.add_argument("--block-size", type=int, default=8,
+                   help="block slots, the anchor included (drafts: bs-1 for DFlash, bs for "
+                        "DSpark)")
+    b.add_argument("--gamma", type=float, default=4.0,
+                   help="slot j's loss weight is exp(-(j-1)/gamma)")
+    b.add_argument("--max-anchors", type=int, default=64, help="blocks per sequence per step")
+    b.add_argument("--taps", default=None,
+                   help="target taps (tap t = output of layer t-1), e.g. 2,15,27 (default "
+                        "2,L//2,L-3: EAGLE-3's, so one feature cache serves both)")
+    b.add_argument("--mask-token", type=int, default=None,
+                   help="target token id whose embedding fills the MASK slots (default: the "
+                        "first id that never occurs in the data)")
+    b.add_argument("--markov-rank", type=int, default=256, help="DSpark's Markov head rank")
+    b.add_argument("--markov-gated", action="store_true", help="DSpark's gated Markov head")
+    b.add_argument("--cache-features", action="store_true",
+                   help="compute the target's taps once into OUT/features")
+    b.add_argument("--features", default=None,
+                   help="feature cache folder (computed there if missing, reused if complete; "
+                        "an EAGLE-3 run's cache with the same taps serves)")
+    b.set_defaults(func=cmd_dflash if kind == "dflash" else cmd_dspark)
