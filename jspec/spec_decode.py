@@ -54,6 +54,12 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
   adaptive config wraps the drafter in `AdaptiveDrafter` with the cost table's round costs."""
   drafter, params = config.entry.build(config.options, config.max_draft, target,
                                        draft_model=draft_model)
+  if getattr(drafter, "confidence_schedule", False):
+    from jspec.confidence import ConfidenceScheduler, default_widths
+    costs = cost_table or CostTable.default(method=config.method)
+    wrapped = ConfidenceScheduler(drafter, config.draft_lengths or default_widths(drafter.num_draft),
+                                  tuple(sorted(costs.verify)))
+    return wrapped, wrapped.make_params(params, costs, drafter.temperatures or None)
   if not config.adaptive:
     return drafter, params
   if getattr(drafter, "tree", False):

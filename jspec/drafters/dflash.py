@@ -28,6 +28,7 @@ from jspec.drafters.mtp import head_rows
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Block, Llama, RMSNorm, rope
+from pallas_kernels.verify_attention.reference import attend as reference_attend
 from pallas_kernels.verify_attention.reference import attend_unwritten
 
 # attend(layer, q [B, T, Hq, Dh], k, v [B, T, KVH, Dh]) -> out [B, T, Hq, Dh]
@@ -52,6 +53,8 @@ class DFlashConfig:
   markov_rank: int = 0          # DSpark's Markov head rank (0 = none, DFlash)
   markov_gated: bool = False    # DSpark's gated Markov head
   confidence: bool = False      # DSpark's confidence head
+  sliding_window: int = 0       # > 0: a query at position p sees context positions > p - window
+                                # (DFlash's sliding-window layers; 0 = the whole context)
   rms_eps: float = 1e-5
   rope_theta: float = 10000.0
   max_position: int = 4096
@@ -75,6 +78,9 @@ class DFlashConfig:
                        f"{self.block_size}")
     if self.markov_rank < 0:
       raise ValueError(f"markov_rank must be >= 0, got {self.markov_rank}")
+    if self.sliding_window < 0:
+      raise ValueError(f"sliding_window must be >= 0 (0 = the whole context), got "
+                       f"{self.sliding_window}")
 
   @property
   def max_draft(self) -> int:
@@ -255,9 +261,17 @@ class DFlashDrafter:
                              axis=1)
     positions = start[:, None] + jnp.arange(size, dtype=jnp.int32)[None, :]
     full = jnp.ones((b, size, size), bool)           # non-causal inside the block
+    window = module.config.sliding_window
+    if window:
+      slots = jnp.arange(cache.max_len)[None, None, :]
+      mask = jnp.concatenate([(slots < cache.lengths[:, None, None])
+                              & (slots > positions[:, :, None] - window), full], axis=2)
 
     def attend(i, q, k, v):
-      return attend_unwritten(q, cache.k[i], cache.v[i], cache.lengths, k, v, full)
+      if not window:
+        return attend_unwritten(q, cache.k[i], cache.v[i], cache.lengths, k, v, full)
+      return reference_attend(q, jnp.concatenate([cache.k[i], k.astype(cache.k[i].dtype)], 1),
+                              jnp.concatenate([cache.v[i], v.astype(cache.v[i].dtype)], 1), mask)
 
     return anchor, module(params["embed"][tokens], positions, attend)
 

@@ -79,14 +79,16 @@ def _config_dict(cfg: DFlashConfig, kind: str, verifier: str) -> dict:
           "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size,
           "vocab_size": cfg.vocab_size, "rms_norm_eps": cfg.rms_eps,
           "rope_theta": cfg.rope_theta, "max_position_embeddings": cfg.max_position,
-          "hidden_act": "silu", "tie_word_embeddings": False},
+          "hidden_act": "silu", "tie_word_embeddings": False,
+          **({"layer_types": ["sliding_attention"] * cfg.num_layers,
+              "sliding_window": cfg.sliding_window} if cfg.sliding_window else {})},
       "block_size": cfg.block_size,
       "draft_vocab_size": cfg.draft_vocab_size,
       "target_hidden_size": cfg.hidden_size,
       "aux_hidden_state_layer_ids": [t - 1 for t in cfg.taps],
       "mask_token_id": cfg.mask_token_id,
       "sample_from_anchor": cfg.sample_from_anchor,
-      "sliding_window_non_causal": False,
+      "sliding_window_non_causal": bool(cfg.sliding_window),   # the block stays bidirectional
       "speculators_config": {
           "algorithm": kind,
           "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.max_draft}],
@@ -128,10 +130,13 @@ def read_config(folder: str, kind: str) -> DFlashConfig:
     if raw.get("speculators_model_type") != kind:
       raise HeadLoadError(f"{path}: speculators_model_type is "
                           f"{raw.get('speculators_model_type')!r}, not {kind!r}")
-    if raw.get("sliding_window_non_causal") or raw.get("transformer_layer_config", {}).get(
-        "layer_types"):
-      raise HeadLoadError(f"{path}: sliding-window draft layers are not supported by jspec")
     layer = raw["transformer_layer_config"]
+    kinds = set(layer.get("layer_types") or ["full_attention"])
+    causal_swa = "sliding_attention" in kinds and not raw.get("sliding_window_non_causal")
+    if causal_swa or len(kinds) > 1 or kinds - {"full_attention", "sliding_attention"}:
+      raise HeadLoadError(f"{path}: only all-full or all-sliding non-causal draft layers are "
+                          f"supported by jspec, got layer_types {sorted(kinds)}")
+    window = int(layer.get("sliding_window") or 0) if "sliding_attention" in kinds else 0
     heads = layer["num_attention_heads"]
     markov = raw.get("markov_head_type", "vanilla")
     if markov not in ("vanilla", "gated"):
@@ -148,6 +153,7 @@ def read_config(folder: str, kind: str) -> DFlashConfig:
         sample_from_anchor=bool(raw.get("sample_from_anchor", kind == "dspark")),
         markov_rank=int(raw.get("markov_rank", 0)) if kind == "dspark" else 0,
         markov_gated=markov == "gated", confidence=bool(raw.get("confidence_head", False)),
+        sliding_window=window,
         rms_eps=float(layer.get("rms_norm_eps", 1e-6)),
         rope_theta=float(layer.get("rope_theta", 10000.0)),
         max_position=int(layer.get("max_position_embeddings", 4096)))

@@ -72,6 +72,8 @@ class DSparkModule(nnx.Module):
 class DSparkDrafter(DFlashDrafter):
   """params: {"drafter": nnx.State of a DSparkModule, "embed", "head": as DFlash's}."""
   sample: bool = True                 # sample from the processed q (recorded) vs argmax
+  confidence_schedule: bool = False   # jspec.confidence: verify the prefix Algorithm 1 picks
+  temperatures: tuple[float, ...] = ()   # the confidences' per-position calibration
 
   @property
   def block_size(self) -> int:
@@ -79,10 +81,14 @@ class DSparkDrafter(DFlashDrafter):
 
   @classmethod
   def from_module(cls, module: DSparkModule, target: Llama, num_draft: int, *,
-                  sample: bool = True):
+                  sample: bool = True, confidence_schedule: bool = False,
+                  temperatures: tuple[float, ...] = ()):
     check_block(module.config, target.config, num_draft, "DSpark")
+    if confidence_schedule and not module.config.confidence:
+      raise ValueError("confidence_schedule needs a DSpark head with a confidence head")
     graphdef, state = nnx.split(module)
-    return (cls(graphdef, num_draft, tuple(module.config.taps), sample),
+    return (cls(graphdef, num_draft, tuple(module.config.taps), sample, confidence_schedule,
+                tuple(float(t) for t in temperatures)),
             _params(module.backbone, state, target))
 
   def full(self, params) -> DSparkModule:
@@ -119,16 +125,26 @@ class DSparkOptions:
   head: str | None = None        # a DSpark head folder (`jspec train dspark`; default: the head
                                  # shipped for the target, if there is one)
   draft_sampling: bool = True    # sample the Markov chain from the processed q (recorded) vs argmax
+  confidence_schedule: bool = False   # verify per row the prefix the confidences schedule
+                                 # (DSpark Algorithm 1, jspec/confidence.py) from the compiled
+                                 # widths draft_lengths (default 0, 1, 2, 3, 4, 6, 8 up to D)
 
 
 def _build(opts: DSparkOptions, num_draft: int, target: Llama, draft_model=None):
+  from jspec.confidence import read_calibration
   from jspec.drafters import dflash_format
 
+  folder = opts.head
   if isinstance(draft_model, DSparkModule):
     module = draft_model
   else:
     module = dflash_format.load_for_target(opts.head, target, "dspark")
-  return DSparkDrafter.from_module(module, target, num_draft, sample=opts.draft_sampling)
+    if folder is None:
+      folder = dflash_format.shipped("dspark", target.config)[0]
+  temps = read_calibration(folder, num_draft) if opts.confidence_schedule else ()
+  return DSparkDrafter.from_module(module, target, num_draft, sample=opts.draft_sampling,
+                                   confidence_schedule=opts.confidence_schedule,
+                                   temperatures=tuple(temps))
 
 
 registry.register(registry.Method(

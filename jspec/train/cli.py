@@ -173,6 +173,8 @@ def _cmd_block(args, kind: str) -> None:
       raise ValueError(f"--block-size must be >= 2, got {args.block_size}")
     if not args.gamma > 0:
       raise ValueError(f"--gamma must be > 0, got {args.gamma}")
+    if args.sliding_window < 0:
+      raise ValueError(f"--sliding-window must be >= 0, got {args.sliding_window}")
     if kind == "dspark":
       _positive(args, "markov_rank")
 
@@ -188,7 +190,8 @@ def _cmd_block(args, kind: str) -> None:
     return dflash.block_task(target, ids, kind, num_layers=args.num_layers,
                              block_size=args.block_size, mask_token_id=mask,
                              taps=_ints(args.taps, "--taps"), markov_rank=args.markov_rank,
-                             markov_gated=args.markov_gated, gamma=args.gamma,
+                             markov_gated=args.markov_gated,
+                             sliding_window=args.sliding_window, gamma=args.gamma,
                              max_anchors=args.max_anchors, seed=args.seed)
 
   def prepare(target, folder, cfg, task):
@@ -365,6 +368,8 @@ def add_parser(sub, default_model: str) -> None:
     b.add_argument("--mask-token", type=int, default=None,
                    help="target token id whose embedding fills the MASK slots (default: the "
                         "first id that never occurs in the data)")
+    b.add_argument("--sliding-window", type=int, default=0,
+                   help="a block query at position p sees context positions > p - W (0: all)")
     b.add_argument("--markov-rank", type=int, default=256, help="DSpark's Markov head rank")
     b.add_argument("--markov-gated", action="store_true", help="DSpark's gated Markov head")
     b.add_argument("--cache-features", action="store_true",

@@ -31,7 +31,8 @@ from models.llama import Llama
 
 def init_module(target: Llama, ids: np.ndarray, kind: str, *, num_layers: int = 1,
                 block_size: int = 8, mask_token_id: int = 0, taps=None, markov_rank: int = 256,
-                markov_gated: bool = False, seed: int = 0, dtype=jnp.float32):
+                markov_gated: bool = False, sliding_window: int = 0, seed: int = 0,
+                dtype=jnp.float32):
   """A fresh DFlash ("dflash") or DSpark ("dspark") module over draft vocabulary `ids`. Its draft
   layers start as copies of the target's last `num_layers` layers and its final norm as the
   target's (the block's hidden states then start in the space the target's LM head reads)."""
@@ -40,7 +41,8 @@ def init_module(target: Llama, ids: np.ndarray, kind: str, *, num_layers: int = 
                                 mask_token_id=mask_token_id, num_layers=num_layers,
                                 block_size=block_size, sample_from_anchor=dspark,
                                 markov_rank=markov_rank if dspark else 0,
-                                markov_gated=markov_gated and dspark, confidence=dspark)
+                                markov_gated=markov_gated and dspark, confidence=dspark,
+                                sliding_window=sliding_window)
   module = (DSparkModule if dspark else DFlashModule)(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
   backbone = module.backbone if dspark else module
   backbone.draft_to_target[...] = jnp.asarray(ids, jnp.int32)
@@ -63,10 +65,12 @@ def sample_anchors(key: jax.Array, valid: jax.Array, m: int) -> tuple[jax.Array,
   return idx.astype(jnp.int32), top >= 0
 
 
-def packed_attend(q, k_ctx, v_ctx, k_blk, v_blk, anchors: jax.Array, bs: int) -> jax.Array:
+def packed_attend(q, k_ctx, v_ctx, k_blk, v_blk, anchors: jax.Array, bs: int,
+                  window: int = 0) -> jax.Array:
   """Queries of M blocks [B, M*bs, Hq, Dh]; context keys/values [B, N, KVH, Dh] at positions
-  0..N-1, visible to block j where position < anchors[:, j]; block keys [B, M*bs, KVH, Dh], each
-  visible only inside its own block. Returns [B, M*bs, Hq, Dh]."""
+  0..N-1, visible to block j where position < anchors[:, j] (and, window > 0, > the query's
+  position - window); block keys [B, M*bs, KVH, Dh], each visible only inside its own block.
+  Returns [B, M*bs, Hq, Dh]."""
   b, t, hq, dh = q.shape
   n, kvh = k_ctx.shape[1], k_ctx.shape[2]
   m = t // bs
@@ -74,7 +78,11 @@ def packed_attend(q, k_ctx, v_ctx, k_blk, v_blk, anchors: jax.Array, bs: int) ->
   scale = dh ** -0.5
   qg = q.reshape(b, t, kvh, g, dh).astype(jnp.float32)
   s_ctx = jnp.einsum("btkgd,bskd->bkgts", qg, k_ctx.astype(jnp.float32)) * scale   # [B,K,G,T,N]
-  seen = jnp.arange(n)[None, None, :] < jnp.repeat(anchors, bs, axis=1)[:, :, None]  # [B, T, N]
+  start = jnp.repeat(anchors, bs, axis=1)[:, :, None]                          # [B, T, 1]
+  seen = jnp.arange(n)[None, None, :] < start                                  # [B, T, N]
+  if window:
+    qpos = start + jnp.tile(jnp.arange(bs), m)[None, :, None]
+    seen = seen & (jnp.arange(n)[None, None, :] > qpos - window)
   s_ctx = jnp.where(seen[:, None, None], s_ctx, -jnp.inf)
   qb = qg.reshape(b, m, bs, kvh, g, dh)
   kb = k_blk.reshape(b, m, bs, kvh, dh).astype(jnp.float32)
@@ -101,7 +109,7 @@ def block_forward(backbone: DFlashModule, embed: jax.Array, taps: tuple[jax.Arra
   x = embed[block.reshape(b, m * bs)]
 
   def attend(i, q, k, v):
-    return packed_attend(q, ks[i], vs[i], k, v, anchors, bs)
+    return packed_attend(q, ks[i], vs[i], k, v, anchors, bs, cfg.sliding_window)
 
   return backbone(x, positions, attend).reshape(b, m, bs, -1)
 
@@ -183,8 +191,8 @@ def batch_key(tokens: jax.Array, seed: int) -> jax.Array:
 
 def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: int = 1,
                block_size: int = 8, mask_token_id: int = 0, taps=None, markov_rank: int = 256,
-               markov_gated: bool = False, gamma: float = 4.0, max_anchors: int = 64,
-               seed: int = 0, module=None):
+               markov_gated: bool = False, sliding_window: int = 0, gamma: float = 4.0,
+               max_anchors: int = 64, seed: int = 0, module=None):
   """The DFlash / DSpark `Task` for jspec.train.trainer: trainable = the module's Params; aux = the
   frozen target and the module's draft vocabulary."""
   from jspec.train.trainer import Task
@@ -198,7 +206,7 @@ def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: i
   module = module if module is not None else init_module(
       target, draft_ids, kind, num_layers=num_layers, block_size=block_size,
       mask_token_id=mask_token_id, taps=taps, markov_rank=markov_rank,
-      markov_gated=markov_gated, seed=seed)
+      markov_gated=markov_gated, sliding_window=sliding_window, seed=seed)
   cfg = module.config
   cfg.check_target(target.config, kind)
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)

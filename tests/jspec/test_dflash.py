@@ -36,9 +36,10 @@ def modules(target):
   """Untrained modules (2 draft layers, blocks of 4; DSpark gated with a confidence head) with
   their Markov projection randomised (it starts at zero)."""
   out = {}
-  for kind in KINDS:
-    m = train_dflash.init_module(target, IDS, kind, num_layers=2, block_size=4, mask_token_id=3,
-                                 markov_rank=8, markov_gated=True, seed=1)
+  for kind in KINDS + ("dflash-window",):
+    m = train_dflash.init_module(target, IDS, kind.split("-")[0], num_layers=2, block_size=4,
+                                 mask_token_id=3, markov_rank=8, markov_gated=True, seed=1,
+                                 sliding_window=5 if kind.endswith("window") else 0)
     if kind == "dspark":
       rng = np.random.default_rng(2)
       m.markov_proj.kernel[...] = jnp.asarray(rng.normal(0, 1.0, m.markov_proj.kernel.shape),
@@ -48,7 +49,7 @@ def modules(target):
 
 
 def _drafter(kind, module, target, d, **kw):
-  cls = DSparkDrafter if kind == "dspark" else DFlashDrafter
+  cls = DSparkDrafter if kind.startswith("dspark") else DFlashDrafter
   return cls.from_module(module, target, d, **kw)
 
 
@@ -65,15 +66,20 @@ def _taps(target, module, seq):
   return target(seq, KVCache.init(CFG, b, n), taps=module.config.taps).hidden
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ("dflash-window",))
 def test_packed_training_forward_equals_drafting(target, modules, kind):
   """Blocks at two anchors per row through the packed training attention give the drafter's
-  block hidden states after a prefill of the positions before each anchor."""
+  block hidden states after a prefill of the positions before each anchor (with a sliding window
+  of 5 over the context, too)."""
   module = modules[kind]
   seq = jnp.asarray(np.random.default_rng(0).integers(0, 64, (2, 20)), jnp.int32)
   taps = _taps(target, module, seq)
   anchors = jnp.asarray([[5, 9], [3, 12]], jnp.int32)
   backbone = module.backbone if kind == "dspark" else module
+  if kind.endswith("window"):    # the window matters: without it the result differs
+    full = train_dflash.block_forward(train_dflash.init_module(
+        target, IDS, "dflash", num_layers=2, block_size=4, mask_token_id=3, seed=1),
+        target.embed.embedding[...], taps, seq, anchors)
   packed = train_dflash.block_forward(backbone, target.embed.embedding[...], taps, seq, anchors)
   drafter, params = _drafter(kind, module, target, 3)
   for j in range(2):
@@ -82,6 +88,8 @@ def test_packed_training_forward_equals_drafting(target, modules, kind):
     state = drafter.init_state(params, seq, ctx, 32)
     _, h = drafter.block_hidden(drafter.backbone(params), params, state, ctx, 4)
     np.testing.assert_allclose(h, packed[:, j], atol=2e-5)
+  if kind.endswith("window"):
+    assert float(jnp.abs(full - packed).max()) > 1e-3
 
 
 def test_commit_equals_a_from_scratch_prefill(target, modules):
@@ -146,11 +154,11 @@ def _prompts(n, seed=0, lo=4, hi=9):
   return [rng.integers(0, CFG.vocab_size, int(rng.integers(lo, hi))).tolist() for _ in range(n)]
 
 
-@pytest.mark.parametrize("kind, d", [("dflash", 3), ("dflash", 2), ("dspark", 4)])
+@pytest.mark.parametrize("kind, d", [("dflash", 3), ("dflash-window", 2), ("dspark", 4)])
 def test_greedy_rows_equal_plain_decoding_without_recompiling(target, modules, plain, kind, d):
   """Greedy rows equal plain decoding beside a sampled row; a second call with other prompts and
   seeds compiles nothing."""
-  spec = SpecDecoder(target, {"method": kind, "num_speculative_tokens": d},
+  spec = SpecDecoder(target, {"method": kind.split("-")[0], "num_speculative_tokens": d},
                      draft_model=modules[kind])
   kw = dict(max_new_tokens=30, temperature=[0.0, 0.0, 1.0], eos=False)
   spec.generate(_prompts(3, 2), **kw)
@@ -165,15 +173,17 @@ def _leaves(m):
   return [np.asarray(x) for x in jax.tree_util.tree_leaves(nnx.state(m))]
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_head_folder_round_trips(target, modules, kind, tmp_path):
-  module = modules[kind]
+@pytest.mark.parametrize("name", KINDS + ("dflash-window",))
+def test_head_folder_round_trips(target, modules, name, tmp_path):
+  module = modules[name]
+  kind = name.split("-")[0]
   folder = str(tmp_path / "head")
   dflash_format.save(module, folder, dtype=jnp.float32, verifier="tiny")
   raw = json.load(open(os.path.join(folder, "config.json")))
   assert raw["speculators_model_type"] == kind and raw["block_size"] == 4
   assert raw["aux_hidden_state_layer_ids"] == [t - 1 for t in module.config.taps]
   assert raw["sample_from_anchor"] == (kind == "dspark")
+  assert raw["transformer_layer_config"].get("sliding_window", 0) == module.config.sliding_window
   from safetensors.numpy import load_file
   w = load_file(os.path.join(folder, "model.safetensors"))
   assert w["fc.weight"].shape == (CFG.hidden_size, 3 * CFG.hidden_size)          # [out, in]

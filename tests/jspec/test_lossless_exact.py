@@ -28,6 +28,13 @@ DRAFT = (TARGET + _rng.normal(0, 1.0, size=TARGET.shape)).astype(np.float32)
 # A reduced draft vocabulary (EAGLE-3's d2t): the drafter never proposes tokens 1 and 4.
 DRAFT_REDUCED = np.where(np.isin(np.arange(V), [0, 2, 3, 5]), DRAFT, -np.inf).astype(np.float32)
 PROMPT = (1, 2)
+# Block drafters (DFlash / DSpark, D <= 3): slot k's logits depend on the round's context only
+# (parallel), DSpark adds a Markov bias on the token before the slot; its confidences give the
+# survival the scheduler (jspec.confidence.prefix_lengths) cuts each draft at.
+BLOCK = _rng.normal(0, 1.5, size=(V, 3, V)).astype(np.float32)            # [ctx[-1], slot, V]
+MARKOV = _rng.normal(0, 1.0, size=(V, V)).astype(np.float32)              # [previous token, V]
+CONF = _rng.uniform(0.2, 0.95, size=(V, 3, V)).astype(np.float32)         # [ctx[-1], slot, prev]
+WIDTHS, WIDTH_COST = (0, 1, 2, 3), np.asarray([1.0, 1.5, 1.8, 2.0], np.float32)
 
 
 _process = jax.jit(process_logits)
@@ -85,9 +92,11 @@ def model_free_draft(name, ctx, d):
   return tuple(np.asarray(draft.tokens[0]).tolist()), int(draft.length[0])
 
 
-def _dist(table, ctxs, params):
-  """Processed distributions [len(ctxs), V] at each context (one jitted call)."""
-  logits = jnp.asarray(np.stack([table[c[-2], c[-1]] for c in ctxs]))
+def _dist(table, ctxs, params, logits=None):
+  """Processed distributions [len(ctxs), V] at each context (one jitted call); or of the given
+  logits rows."""
+  logits = jnp.asarray(np.stack([table[c[-2], c[-1]] for c in ctxs]) if logits is None
+                       else np.stack(logits))
   rows = SamplingParams(*(jnp.broadcast_to(x, (len(ctxs),)) for x in
                           (params.temperature, params.top_k, params.top_p)))
   return np.exp(np.asarray(_process(logits, rows), np.float64))
@@ -102,8 +111,10 @@ def target_joint(params):
 
 def spec_joint(params, d, mode, limit=None):
   """Distribution of the first NEED emitted tokens under speculative decoding. mode: "sampled" or
-  "deterministic", with "-reduced" for a drafter restricted to a draft vocabulary, or
-  "drafter:<name>" for a model-free drafter's own drafts."""
+  "deterministic", with "-reduced" for a drafter restricted to a draft vocabulary,
+  "drafter:<name>" for a model-free drafter's own drafts, "block" (DFlash: argmax of each slot's
+  context-only logits), "markov" (DSpark: sampled left to right from slot logits + a Markov bias,
+  q recorded) or "markov-scheduled" (each draft cut at the prefix the confidence scheduler picks)."""
   table = DRAFT_REDUCED if mode.endswith("-reduced") else DRAFT
   mode = mode.removesuffix("-reduced")
 
@@ -115,22 +126,37 @@ def spec_joint(params, d, mode, limit=None):
     if mode.startswith("drafter:"):
       tokens, n = model_free_draft(mode.split(":")[1], ctx, d)
       drafts, lengths = [(tokens, 1.0)], jnp.asarray([n], jnp.int32)
+    markov = mode.startswith("markov")
+    slot_logits = lambda s: BLOCK[ctx[-1], len(s)] + MARKOV[(ctx + s)[-1]]
     for _ in range(d if lengths is None else 0):
       nxt = []
       ctxs = [ctx + s for s, _ in drafts]
-      q = _dist(table, ctxs, params)
+      q = _dist(table, ctxs, params, [slot_logits(s) for s, _ in drafts] if markov else None)
       for (s, w), qrow in zip(drafts, q):
-        if mode == "sampled":   # all V branches (zero-weight ones too: fixed shapes, few compiles)
+        if mode == "sampled" or markov:   # all V branches (zero-weight ones too: fixed shapes)
           nxt += [(s + (x,), w * qrow[x]) for x in range(V)]
+        elif mode == "block":   # DFlash: each slot's argmax, whatever the drafts before it
+          nxt.append((s + (int(np.argmax(BLOCK[ctx[-1], len(s)])),), w))
         else:   # deterministic: the draft's argmax
           nxt.append((s + (int(np.argmax(table[(ctx + s)[-2], (ctx + s)[-1]])),), w))
       drafts = nxt
+    if mode in ("markov-scheduled", "markov-anticipating"):
+      a = np.cumprod([[CONF[ctx[-1], k, s[k - 1] if k else ctx[-1]] for k in range(d)]
+                      for s, _ in drafts], axis=1)
+      if mode == "markov-scheduled":
+        lengths = jnp.concatenate([_schedule(jnp.asarray(a[i:i + 1], jnp.float32), d)
+                                   for i in range(len(drafts))])
+      else:   # negative control: the best width in hindsight reads survivals past the cut
+        gain = (1 + np.concatenate([np.zeros((len(a), 1)), np.cumsum(a, 1)], 1)[:, :d + 1]
+                ) / WIDTH_COST[:d + 1]
+        lengths = jnp.asarray(np.argmax(gain, 1), jnp.int32)
     seqs = [s for s, _ in drafts]
     p = _dist(TARGET, [ctx + s[:i] for s in seqs for i in range(d + 1)], params)
     p = p.reshape(len(seqs), d + 1, V)
     q = None
-    if mode == "sampled":
-      q = _dist(table, [ctx + s[:i] for s in seqs for i in range(d)], params)
+    if mode == "sampled" or markov:
+      q = _dist(table, [ctx + s[:i] for s in seqs for i in range(d)], params,
+                [slot_logits(s[:i]) for s in seqs for i in range(d)] if markov else None)
       q = jnp.asarray(q.reshape(len(seqs), d, V), jnp.float32)
     draft_len = None if limit is None else jnp.full((len(seqs),), limit, jnp.int32)
     draft_len = lengths if lengths is not None else draft_len
@@ -162,6 +188,13 @@ def spec_joint(params, d, mode, limit=None):
   return from_ctx(PROMPT, NEED)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _schedule(a, d):
+  from jspec.confidence import prefix_lengths
+  widths = tuple(w for w in WIDTHS if w <= d)
+  return prefix_lengths(a, widths, jnp.asarray(WIDTH_COST[:len(widths)]))
+
+
 PARAMS = {
     "greedy": (0.0, 0, 1.0),
     "T=1": (1.0, 0, 1.0),
@@ -179,7 +212,9 @@ PARAMS = {
                                              (2, "deterministic-reduced", None),
                                              (3, "drafter:suffix", None),
                                              (3, "drafter:lookahead", None),
-                                             (3, "drafter:prediction", None)])
+                                             (3, "drafter:prediction", None),
+                                             (3, "block", None), (3, "markov", None),
+                                             (3, "markov-scheduled", None)])
 def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
   t, k, p = PARAMS[name]
   params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))
@@ -188,6 +223,15 @@ def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
   assert abs(sum(got.values()) - 1.0) < 1e-6
   for seq, prob in want.items():
     assert abs(got.get(seq, 0.0) - prob) < 1e-6, (seq, got.get(seq, 0.0), prob)
+
+
+def test_a_scheduler_that_reads_past_the_cut_is_not_lossless():
+  """Negative control for the confidence scheduler: cutting each draft at the best prefix in
+  hindsight (which reads survivals of drafts past the cut) changes the output distribution."""
+  params = SamplingParams(jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0))
+  want = target_joint(params)
+  got = spec_joint(params, 3, "markov-anticipating")
+  assert max(abs(got.get(s, 0.0) - p) for s, p in want.items()) > 1e-3
 
 
 @pytest.mark.parametrize("name", ["suffix", "lookahead", "prediction"])

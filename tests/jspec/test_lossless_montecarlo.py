@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 1e5 rows (4 parameter groups
-of 25,000). A chi-square test per sampled group at p < 1e-4 (39 tests in this file) gives a
+of 25,000). A chi-square test per sampled group at p < 1e-4 (45 tests in this file) gives a
 false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -107,11 +107,27 @@ def mtp_module():
   return MTPModule(MTPConfig.for_target(CFG), rngs=nnx.Rngs(4))
 
 
+@pytest.fixture(scope="module")
+def block_modules(target):
+  """Random tiny DFlash and DSpark modules (blocks of 3 and 2; DSpark with a random Markov bias and
+  random confidences, so that the scheduler cuts rows at different prefixes)."""
+  from jspec.train.dflash import init_module
+  ids = np.asarray([0, 2, 3, 4, 5, 7])
+  dfl = init_module(target, ids, "dflash", block_size=3, mask_token_id=1, seed=5)
+  dsp = init_module(target, ids, "dspark", block_size=2, mask_token_id=1, markov_rank=4, seed=6)
+  rng = np.random.default_rng(7)
+  for var in (dsp.markov_proj.kernel, dsp.confidence_head.kernel):
+    var[...] = jnp.asarray(rng.normal(0, 2.0, var[...].shape), jnp.float32)
+  return {"dflash": dfl, "dspark": dsp}
+
+
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
-                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree", "mtp"])
+                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree", "mtp",
+                                    "dflash", "dspark-schedule"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
-                                                     medusa_head, mtp_module, method):
+                                                     medusa_head, mtp_module, block_modules,
+                                                     method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
@@ -122,6 +138,9 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   if method == "medusa-tree":    # a static tree of 4 nodes over 2 heads
     method = cfg["method"] = "medusa"
     cfg.update(num_speculative_tokens=4, tree_choices=[[0], [1], [0, 0], [1, 0]])
+  if method == "dspark-schedule":   # sampled Markov drafts, prefixes cut by the confidences
+    method = cfg["method"] = "dspark"
+    cfg["confidence_schedule"] = True
   if method.endswith("-auto"):   # adaptive over draft lengths {0, 1, 2}
     method = cfg["method"] = method.removesuffix("-auto")
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])
@@ -132,8 +151,14 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   if method == "lookahead":  # 20,000 rows: a small pool
     cfg.update(pool_size=16)
   drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head,
-            "mtp": mtp_module}
-  decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method))
+            "mtp": mtp_module, **block_modules}
+  costs = None
+  if cfg.get("confidence_schedule"):
+    # one round of 20,000 rows: a width-2 round is too dear, so the scheduler cuts each row at
+    # 0 or 1 by comparing its survival with the best second-position survival of the batch
+    from jspec.adaptive import CostTable
+    costs = CostTable({1: {1: 1.0, 2: 1.0, 3: 1.0}}, round={1: {0: 1.0, 1: 1.00001, 2: 10.0}})
+  decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method), cost_table=costs)
   before_chunk = None
   if cfg["num_speculative_tokens"] == "auto":
     # one round per row, chosen at the prior estimates (0.5): cost tables that make successive
@@ -152,6 +177,9 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   assert results[-1].rounds > 0
   if before_chunk is not None:
     assert [max(r.verified_lengths, key=r.verified_lengths.get) for r in results] == [2, 1, 0, 2, 1]
+  if cfg.get("confidence_schedule"):     # sampled rows were cut at both 0 and 1 (the greedy
+    # rows of the last chunk share one draft, hence one cut)
+    assert all(0.1 < r.drafted / CHUNK < 0.9 for r in results[:-1]), [r.drafted for r in results]
   for g, (t, k, p) in enumerate(GROUPS):
     want = exact_joint(target, t, k, p).ravel()
     got = pairs[g * PER_GROUP:(g + 1) * PER_GROUP]
