@@ -121,10 +121,12 @@ def slot_weights(num: int, gamma: float) -> np.ndarray:
 
 def block_loss(module, embed: jax.Array, rows: jax.Array, taps, target_logits: jax.Array,
                tokens: jax.Array, loss_mask: jax.Array, length: jax.Array, key: jax.Array, *,
-               gamma: float, max_anchors: int, weights=(0.1, 0.9, 1.0)):
+               gamma: float, max_anchors: int, weights=(0.1, 0.9, 1.0), outputs: bool = False):
   """Returns (loss, metrics) for a DFlashModule or DSparkModule. rows: the target's LM-head rows of
   the draft vocabulary [Vd, H]; target_logits [B, N, Vd] the target's logits there (position i
-  predicts token i+1); tokens / loss_mask [B, N], length [B]. weights: DSpark's (CE, L1, BCE)."""
+  predicts token i+1); tokens / loss_mask [B, N], length [B]. weights: DSpark's (CE, L1, BCE).
+  outputs: also return {"hit", "w", "confidence" (DSpark's logits)}, each [B, M, D], for the
+  confidence calibration."""
   dspark = isinstance(module, DSparkModule)
   backbone = module.backbone if dspark else module
   cfg = backbone.config
@@ -179,6 +181,8 @@ def block_loss(module, embed: jax.Array, rows: jax.Array, taps, target_logits: j
   accept_at = jnp.sum(run * wf[..., None], (0, 1)) / jnp.maximum(wf.sum(), 1.0)
   metrics = dict(loss=loss, step_loss=step_loss, step_acc=acc, step_count=counts,
                  accept_at=accept_at, al=1.0 + accept_at.sum(), al_count=wf.sum(), **extra)
+  if outputs:
+    return loss, metrics, dict(hit=hit, w=w, confidence=conf_logit if dspark else None)
   return loss, metrics
 
 

@@ -1,8 +1,9 @@
 """Greedy speculative decoding emits plain greedy decoding's tokens on the default model: 20 prompts
-x B in {1, 4} x D in {1, 3, 7} (EAGLE-3: {1, 3, 5}; the model-free suffix, lookahead and
-prediction drafters: D = 3; n-gram and EAGLE-3 also with the adaptive "auto"; EAGLE-2 trees of 10
-nodes on the EAGLE-3 head; Medusa D = 3 and a static tree of 8 nodes; EAGLE-2 trees of 6 nodes on the MTP module) x every
-drafter.
+x B in {1, 4} x D in {1, 7} (EAGLE-3: {1, 5}; the model-free suffix, lookahead and prediction
+drafters: D = 3; n-gram and EAGLE-3 also with the adaptive "auto"; EAGLE-2 trees of 10 nodes on the
+EAGLE-3 head; Medusa D = 3 and a static tree of 8 nodes; EAGLE-2 trees of 6 nodes on the MTP
+module; DFlash blocks of 4 and 8 (D = 3, 7); DSpark blocks of 4 and 8 (D = 4, 8), and blocks of 8
+with confidence-scheduled prefixes) x every drafter.
 
 A (1+D)-token verify and a 1-token decode reduce in different orders, so where the plain path's
 own top-2 logit gap is below 1e-4 either token is correct: rows are compared up to the first such
@@ -63,12 +64,17 @@ DRAFTERS = {
     # EAGLE-2 trees on the shipped MTP module (top-2 children, depth 3)
     "mtp_tree": lambda d: ({"method": "mtp", "num_speculative_tokens": d, "tree_top_k": 2,
                             "tree_depth": 3}, False),
+    # the shipped DFlash / DSpark heads (block drafters; DSpark samples nothing at T = 0)
+    "dflash": lambda d: ({"method": "dflash", "num_speculative_tokens": d}, False),
+    "dspark": lambda d: ({"method": "dspark", "num_speculative_tokens": d}, False),
+    "dspark_schedule": lambda d: ({"method": "dspark", "num_speculative_tokens": d,
+                                   "confidence_schedule": True}, False),
 }
-DEPTHS = {"eagle3": (1, 3, 5), "suffix": (3,), "lookahead": (3,), "prediction": (3,),
+DEPTHS = {"eagle3": (1, 5), "suffix": (3,), "lookahead": (3,), "prediction": (3,),
           "ngram_auto": ("auto",), "eagle3_auto": ("auto",), "eagle3_tree": (10,),
-          "medusa": (3,), "medusa_tree": (8,),
-          "mtp_tree": (6,)}
-CASES = [(name, d) for name in DRAFTERS for d in DEPTHS.get(name, (1, 3, 7))]
+          "medusa": (3,), "medusa_tree": (8,), "mtp_tree": (6,), "dflash": (3, 7),
+          "dspark": (4, 8), "dspark_schedule": (8,)}
+CASES = [(name, d) for name in DRAFTERS for d in DEPTHS.get(name, (1, 7))]
 _stats = {"rows": 0, "near_ties": 0}
 
 
