@@ -23,11 +23,17 @@ from flax import nnx
 
 from jspec.drafters.dflash import DFlashConfig, DFlashModule
 from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError, check_sums,
-                                               find_shipped, write_head_files)
+                                               find_shipped, target_shape, write_head_files)
 from models.config import LlamaConfig
 
 # Heads shipped with the package: (kind, the target's shape, folder under jspec/heads, sha256).
-SHIPPED: list[tuple[str, dict, str, str]] = []
+# SmolLM2-135M-Instruct; recipes, budgets and measurements in benchmarks/REPORT.md
+SHIPPED: list[tuple[str, dict, str, str]] = [
+    ("dflash", target_shape(LlamaConfig.smollm2_135m()), "smollm2-135m-instruct-dflash",
+     "0c890ae8470bdfce1828636e88f28ff7c86c499d6bd5095688c2c2409a7e24bc"),
+    ("dspark", target_shape(LlamaConfig.smollm2_135m()), "smollm2-135m-instruct-dspark",
+     "e83c8b1e0a506e050cde0fd54a3e6ba2b2017e1d024b5ec59eb156b402cf6c11"),
+]
 
 _RENAME = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
            "attn": "self_attn", "markov_embed": "markov_head.W1", "markov_proj": "markov_head.W2",
