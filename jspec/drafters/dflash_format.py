@@ -23,7 +23,8 @@ from flax import nnx
 
 from jspec.drafters.dflash import DFlashConfig, DFlashModule
 from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError, check_sums,
-                                               find_shipped, target_shape, write_head_files)
+                                               find_shipped, read_d2t, target_shape,
+                                               write_head_files)
 from models.config import LlamaConfig
 
 # Heads shipped with the package: (kind, the target's shape, folder under jspec/heads, sha256).
@@ -183,16 +184,7 @@ def load(folder: str, kind: str, *, dtype=jnp.float32, expected_sha256: str | No
     tensors = load_file(wpath)
   except Exception as e:   # safetensors raises its own error types for a malformed file
     raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
-  if "d2t" not in tensors:
-    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
-  d2t = np.asarray(tensors["d2t"], np.int64)
-  vd = cfg.draft_vocab_size
-  if d2t.shape != (vd,):
-    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({vd},)")
-  ids = d2t + np.arange(vd)
-  if ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0):
-    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {cfg.vocab_size}) or not "
-                        "strictly increasing")
+  ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
   cls = _module_class(kind)
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cls(cfg, dtype=dtype)))
   filled = []

@@ -19,7 +19,7 @@ from flax import nnx
 from jspec.drafters.medusa import MedusaConfig, MedusaHead
 from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError,
                                                check_sums, find_shipped, target_shape,
-                                               write_head_files)
+                                               write_head_files, read_d2t)
 from models.config import LlamaConfig
 
 # Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
@@ -166,15 +166,7 @@ def load_medusa(folder: str, *, dtype=jnp.float32,
     b[k, l] = get(bname, (h,))
   for k, name in heads:
     lm[k] = get(name, (vd, h)).T
-  if "d2t" not in tensors:
-    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
-  d2t = np.asarray(tensors["d2t"], np.int64)
-  if d2t.shape != (vd,):
-    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({vd},)")
-  ids = d2t + np.arange(vd)
-  if ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0):
-    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {cfg.vocab_size}) or not "
-                        "strictly increasing")
+  ids = read_d2t(tensors, wpath, vd, cfg.vocab_size)
   values = {("res_kernel",): jnp.asarray(w, dtype), ("res_bias",): jnp.asarray(b, dtype),
             ("lm_head",): jnp.asarray(lm, dtype), ("draft_to_target",): jnp.asarray(ids, jnp.int32)}
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: MedusaHead(cfg, dtype=dtype)))

@@ -24,7 +24,7 @@ from flax import nnx
 from jspec.drafters.mtp import MTPConfig, MTPModule
 from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError,
                                                check_sums, find_shipped, target_shape,
-                                               write_head_files)
+                                               write_head_files, read_d2t)
 from models.config import LlamaConfig
 from models.weights import _IN_LAYER
 
@@ -168,16 +168,7 @@ def load_mtp(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = No
   except Exception as e:   # safetensors raises its own error types for a malformed file
     raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
   module = _fill(cfg, tensors, wpath, dtype=dtype)
-  if "d2t" not in tensors:
-    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
-  d2t = np.asarray(tensors["d2t"], np.int64)
-  vd = cfg.draft_vocab_size
-  if d2t.shape != (vd,):
-    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({vd},)")
-  ids = d2t + np.arange(vd)
-  if ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0):
-    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {cfg.vocab_size}) or not "
-                        "strictly increasing")
+  ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
   module.draft_to_target[...] = jnp.asarray(ids, jnp.int32)
   return module
 

@@ -91,6 +91,22 @@ def check_sums(folder: str, expected_sha256: str | None) -> None:
                           "file is corrupt or was changed; restore or re-export the head")
 
 
+def read_d2t(tensors, wpath: str, draft_vocab_size: int, vocab_size: int) -> np.ndarray:
+  """The target ids of a head's draft vocabulary from its `d2t` offsets (target = draft +
+  d2t[draft]), checked: present, of the draft vocabulary's length, inside the target's vocabulary,
+  strictly increasing; HeadLoadError otherwise."""
+  if "d2t" not in tensors:
+    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
+  d2t = np.asarray(tensors["d2t"], np.int64)
+  if d2t.shape != (draft_vocab_size,):
+    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({draft_vocab_size},)")
+  ids = d2t + np.arange(draft_vocab_size)
+  if ids.min() < 0 or ids.max() >= vocab_size or np.any(np.diff(ids) <= 0):
+    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {vocab_size}) or not "
+                        "strictly increasing")
+  return ids
+
+
 def shipped(target: LlamaConfig) -> tuple[str, str] | None:
   """(folder, weights sha256) of the head shipped for a target of this shape, if any."""
   return find_shipped(SHIPPED, target)
@@ -251,15 +267,7 @@ def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None =
       raise HeadLoadError(f"{wpath}: {name} has shape {x.shape} (as [in, out]), expected "
                           f"{tuple(want)} from {CONFIG}")
     values[path] = jnp.asarray(x, dtype)
-  if "d2t" not in tensors:
-    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
-  d2t = np.asarray(tensors["d2t"], np.int64)
-  if d2t.shape != (cfg.draft_vocab_size,):
-    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({cfg.draft_vocab_size},)")
-  ids = d2t + np.arange(cfg.draft_vocab_size)
-  if ids.min() < 0 or ids.max() >= cfg.vocab_size or np.any(np.diff(ids) <= 0):
-    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {cfg.vocab_size}) or not "
-                        "strictly increasing")
+  ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
   values[("draft_to_target",)] = jnp.asarray(ids, jnp.int32)
   filled = [(path, var.replace(values[path]) if hasattr(var, "replace") else values[path])
             for path, var in flat.items()]
