@@ -396,8 +396,9 @@ def main(argv=None) -> None:
 
 def _watch_sigint(current: list) -> None:
   """Ctrl-C raises KeyboardInterrupt as usual and also arms a watchdog: a KeyboardInterrupt that
-  lands inside a callback or finaliser can be swallowed (seen: the bench kept running), so if the
-  process is still alive 10 s later the watchdog ends it the same clean way."""
+  lands inside a callback or finaliser can be swallowed (seen: the bench kept running, and Python
+  printed the "Exception ignored" traceback), so that one is not printed, and if the process is
+  still alive 10 s later the watchdog ends it the same clean way."""
   import threading
 
   def handler(signum, frame):
@@ -409,6 +410,13 @@ def _watch_sigint(current: list) -> None:
     raise KeyboardInterrupt
 
   signal.signal(signal.SIGINT, handler)
+  default_hook = sys.unraisablehook
+
+  def quiet(unraisable):   # the swallowed KeyboardInterrupt: the watchdog ends the run, no traceback
+    if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+      default_hook(unraisable)
+
+  sys.unraisablehook = quiet
 
 
 def _parse(argv) -> argparse.Namespace:

@@ -225,6 +225,26 @@ def _tiny_hf_folder(folder) -> None:
              p + "mlp.down_proj.weight": w(h, i)}, str(folder / "model.safetensors"))
 
 
+def test_ctrl_c_inside_a_finaliser_is_quiet():
+  """Ctrl-C landing inside a finaliser (seen in CI: jax's gc callback) is swallowed by Python;
+  it must not print Python's "Exception ignored" traceback, and the watchdog still ends the run
+  with exit 130 and the one line."""
+  code = ("import os, signal, time, sys\n"
+          "from jspec import cli\n"
+          "cli._watch_sigint([None])\n"
+          "class A:\n"
+          "  def __del__(self):\n"
+          "    os.kill(os.getpid(), signal.SIGINT)\n"
+          "    time.sleep(0.5)\n"
+          "A()\n"
+          "time.sleep(60)\n")
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50,
+                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert proc.returncode == 130, proc.stderr
+  assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
+  assert "interrupted" in proc.stderr
+
+
 def test_ctrl_c_during_bench(tmp_path):
   """The real thing: `jspec bench` in a subprocess, SIGINT once measured runs are under way (the
   progress bar has moved, so warm-up and compilation are done): exit 130, one line, no traceback,
