@@ -2,7 +2,7 @@
 # The co-design planner and the adaptive draft length (issue 11) on the CPU: the commands behind the
 # REPORT rows. Greedy, SmolLM2-135M-Instruct fp32, quiet machine (nothing else running).
 #
-# 1. the plan: verify / draft costs on this machine, calibration acceptance (train prompts)
+# 1. the plan: verify / draft costs on this machine, calibration acceptance (held-out Magpie prompts)
 # 2. per category of the suite, B in {1, 4}: fixed D in {1, 3, 5} vs "auto" (with the plan's cost
 #    table) vs plain, n-gram and EAGLE-3 (the fixed-D rows are also the planner's validation points)
 # 3. the adversarial set: random tokens, replies that never repeat
@@ -12,7 +12,7 @@ PY=${PY:-.venv/bin/python}
 CATS=coding,code_editing,summarization,rag_qa,math,writing,multi_turn
 
 [[ "${SKIP_PLAN:-0}" == 1 ]] || $PY -m jspec.cli plan --drafters ngram,eagle3 --batch-sizes 1,4 --num-draft 1,2,3,5,7 \
-  --calibration benchmarks/prompts/train.jsonl --calibration-prompts 16 --max-new-tokens 64 \
+  --calibration benchmarks/prompts/calibration.jsonl --calibration-prompts 16 --max-new-tokens 64 \
   --json benchmarks/plan_cpu.json --plot benchmarks/plots/plan_pareto_cpu.png
 
 $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \

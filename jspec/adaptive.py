@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,7 @@ class AdaptiveState:
   inner: Any
   est: jax.Array           # [B, D_max] per-row conditional acceptance estimates
   chosen: jax.Array        # [len(lengths)] rounds that verified each length
+  last: jax.Array          # [] the index into lengths of the last round's width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +247,7 @@ class AdaptiveDrafter:
     b = prompt.shape[0]
     return AdaptiveState(self.inner.init_state(params.inner, prompt, ctx, max_len),
                          jnp.broadcast_to(params.prior, (b, self.num_draft)),
-                         jnp.zeros((len(self.lengths),), jnp.int32))
+                         jnp.zeros((len(self.lengths),), jnp.int32), jnp.zeros((), jnp.int32))
 
   def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key, num=None):
     extra = {} if num is None else {"num": num}
@@ -253,7 +255,21 @@ class AdaptiveDrafter:
     return draft, dataclasses.replace(state, inner=inner)
 
   def commit(self, params: AdaptiveParams, state: AdaptiveState, ctx) -> AdaptiveState:
-    return dataclasses.replace(state, inner=self.inner.commit(params.inner, state.inner, ctx))
+    """The inner commit. A drafter that reads the target's taps (EAGLE-3, MTP, Medusa, DFlash)
+    commits over the verified block only: one branch per compiled width, each given the taps of
+    that block (the rest are padding), so a width-1 round re-runs its head over 2 positions, not
+    D_max + 1."""
+    if not self.inner.target_taps:
+      return dataclasses.replace(state, inner=self.inner.commit(params.inner, state.inner, ctx))
+
+    def commit_width(width, inner, ctx):
+      narrow = dataclasses.replace(ctx, target_hidden=tuple(h[:, :width + 1]
+                                                            for h in ctx.target_hidden))
+      return self.inner.commit(params.inner, inner, narrow)
+
+    inner = jax.lax.switch(state.last, [functools.partial(commit_width, w) for w in self.lengths],
+                           state.inner, ctx)
+    return dataclasses.replace(state, inner=inner)
 
   def choose(self, params: AdaptiveParams, state: AdaptiveState, draft_len: jax.Array,
              live: jax.Array) -> jax.Array:
@@ -268,7 +284,7 @@ class AdaptiveDrafter:
     width = jnp.asarray(self.lengths, jnp.int32)[k]
     est = update_estimates(state.est, width, n_acc, emitted, draft_tokens, draft_len, live,
                            self.decay)
-    return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1))
+    return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1), last=k)
 
 
 def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, ...]) -> jax.Array:

@@ -496,8 +496,10 @@ def _parse(argv) -> argparse.Namespace:
                   help="comma-separated, of: " + ", ".join(_drafter_names()))
   pl.add_argument("--batch-sizes", default="1,4")
   pl.add_argument("--num-draft", default="1,2,3,5,7", help="draft lengths to plan over")
-  pl.add_argument("--calibration", default="benchmarks/prompts/train.jsonl",
-                  help="prompts for the acceptance measurement (never the benchmark suite)")
+  pl.add_argument("--calibration", default="benchmarks/prompts/calibration.jsonl",
+                  help="prompts for the acceptance measurement (never the benchmark suite; the "
+                  "default: 32 prompts sampled from the default model, in no drafter's training "
+                  "data)")
   pl.add_argument("--calibration-prompts", type=int, default=16)
   pl.add_argument("--max-new-tokens", type=int, default=64)
   pl.add_argument("--context", type=int, default=256, help="cache fill for the verify timing")
