@@ -8,7 +8,14 @@ serial model drafter (`variable_length`: EAGLE-3, draft models) is asked for onl
 D_max) tokens, the one past the verified ones keeping the estimate of the next position learning:
 
   AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
+  AL_b(0)   = m                                                    (a plain round: m steps)
   k*        = argmax_k  mean_b(AL_b(D_k)) / cost_k                 (live rows b)
+
+A plain round (D_k = 0) runs m = `plain_steps` target steps (default 4, at most D_max + 1), each
+sampling the next token from the target as plain decoding does, so the round's fixed work (the
+choice, the drafter's upkeep such as EAGLE-3's head over the new positions) is paid once per m
+tokens; the first of them is still compared with the first draft, so the estimate of a_1 keeps
+learning while the round decodes plainly.
 
 a_bj is row b's running estimate of the probability that draft position j is accepted once the
 positions before it were: an exponentially weighted average of what *earlier* rounds observed
@@ -18,7 +25,7 @@ keeps learning a_1; for a drafter that samples its drafts this undercounts a lit
 start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`), else
 0.5. cost_k is the measured cost of a whole round verifying D_k in plain decode steps (`CostTable.
 round`, from `jspec plan` or the built-in CPU defaults below), or where no round was measured
-(T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1). The choice depends on the
+(T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) (m T_verif(B, 1) for the plain round). The choice depends on the
 committed context and earlier rounds only, never on this round's verification, so each round is an
 ordinary rejection-sampling round over a chain of D_k drafts: lossless for every choice.
 """
@@ -77,7 +84,9 @@ class CostTable:
   point; empty: 0.5 everywhere); and, when measured (`jspec plan`), the whole adaptive round
   {D: seconds per round verifying D / seconds per plain decode step}, which the choice then uses
   instead of verify + draft: it holds what the forward timings miss (acceptance, commit, the
-  drafter's per-round upkeep, so that D = 0 costs more than a plain step for EAGLE-3)."""
+  drafter's per-round upkeep, so that D = 0 costs more than a plain step for EAGLE-3). The D = 0
+  entry is per token of the plain round (seconds per plain round / its steps / seconds per plain
+  decode step), so that tables measured with any number of plain steps per round compare."""
   verify: dict[int, dict[int, float]]
   draft: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
   source: str = ""
@@ -115,15 +124,17 @@ class CostTable:
     return 0.0 if row is None or d == 0 else max(_interp(row, d), 0.0)
 
   def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int,
-                  variable_length: bool = False) -> list[float]:
+                  variable_length: bool = False, plain: int = 1) -> list[float]:
     """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
     the table has it, else verify + draft after drafting d_max tokens, or (variable_length)
-    min(lengths[k] + 1, d_max)."""
+    min(lengths[k] + 1, d_max). A plain round (lengths[k] = 0) runs `plain` steps."""
+    steps = [plain if d == 0 else 1 for d in lengths]
     if self.round:
       row = self._row(self.round, b)
-      return [max(_interp(row, d), 1e-3) for d in lengths]
+      return [max(_interp(row, d), 1e-3) * m for d, m in zip(lengths, steps)]
     drafted = [min(d + 1, d_max) if variable_length else d_max for d in lengths]
-    return [self.verify_cost(b, 1 + d) + self.draft_cost(b, n) for d, n in zip(lengths, drafted)]
+    return [m * self.verify_cost(b, 1 + d) + self.draft_cost(b, n)
+            for d, n, m in zip(lengths, drafted, steps)]
 
   @classmethod
   def default(cls, backend: str | None = None, method: str | None = None) -> "CostTable":
@@ -201,6 +212,17 @@ class AdaptiveDrafter:
   batch_sizes: tuple[int, ...] = (1,)   # the rows of params.cost
   decay: float = 0.25                   # weight of a new observation in the running estimate
   prior: float = 0.5                    # the starting estimate where the cost table has none
+  plain_steps: int = 4                  # target steps per plain round (at most D_max + 1)
+
+  def __post_init__(self):
+    if not (isinstance(self.plain_steps, int) and self.plain_steps >= 1):
+      raise ValueError(f"plain_steps must be an integer >= 1, got {self.plain_steps!r}")
+
+  @property
+  def plain_block(self) -> int:
+    """Tokens a plain round (length 0) decodes: plain_steps, at most D_max + 1 (the round's
+    output block); 1 where the lengths have no 0."""
+    return min(self.plain_steps, self.num_draft + 1) if self.lengths[0] == 0 else 1
 
   @property
   def num_draft(self) -> int:
@@ -232,8 +254,8 @@ class AdaptiveDrafter:
         params, inner=hook(params.inner, prompts, outputs))
 
   def make_params(self, inner_params, costs: CostTable) -> AdaptiveParams:
-    rows = [costs.round_costs(b, self.lengths, self.num_draft, self.choose_before_drafting)
-            for b in self.batch_sizes]
+    rows = [costs.round_costs(b, self.lengths, self.num_draft, self.choose_before_drafting,
+                              self.plain_block) for b in self.batch_sizes]
     known = list(costs.acceptance[:self.num_draft])
     prior = known + [known[-1] if known else self.prior] * (self.num_draft - len(known))
     return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)),
@@ -256,9 +278,9 @@ class AdaptiveDrafter:
 
   def commit(self, params: AdaptiveParams, state: AdaptiveState, ctx) -> AdaptiveState:
     """The inner commit. A drafter that reads the target's taps (EAGLE-3, MTP, Medusa, DFlash)
-    commits over the verified block only: one branch per compiled width, each given the taps of
-    that block (the rest are padding), so a width-1 round re-runs its head over 2 positions, not
-    D_max + 1."""
+    commits over the round's block only: one branch per compiled length, each given the taps of
+    that block (1 + D_k positions, or the plain round's steps; the rest are padding), so a width-1
+    round re-runs its head over 2 positions, not D_max + 1."""
     if not self.inner.target_taps:
       return dataclasses.replace(state, inner=self.inner.commit(params.inner, state.inner, ctx))
 
@@ -267,7 +289,8 @@ class AdaptiveDrafter:
                                                             for h in ctx.target_hidden))
       return self.inner.commit(params.inner, inner, narrow)
 
-    inner = jax.lax.switch(state.last, [functools.partial(commit_width, w) for w in self.lengths],
+    blocks = [d + 1 if d else self.plain_block for d in self.lengths]
+    inner = jax.lax.switch(state.last, [functools.partial(commit_width, w - 1) for w in blocks],
                            state.inner, ctx)
     return dataclasses.replace(state, inner=inner)
 
@@ -276,7 +299,7 @@ class AdaptiveDrafter:
     """The index into `lengths` this round verifies (from earlier rounds and this draft only)."""
     b, d = state.est.shape
     cost = params.cost[self._cost_row(b)]
-    return choose_length(state.est, draft_len, live, self.lengths, cost)
+    return choose_length(state.est, draft_len, live, self.lengths, cost, self.plain_block)
 
   def observe(self, state: AdaptiveState, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
               draft_tokens: jax.Array, draft_len: jax.Array, live: jax.Array) -> AdaptiveState:
@@ -287,17 +310,20 @@ class AdaptiveDrafter:
     return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1), last=k)
 
 
-def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, ...]) -> jax.Array:
-  """[B, len(lengths)]: AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} est_bj."""
+def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, ...],
+                     plain: int = 1) -> jax.Array:
+  """[B, len(lengths)]: AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} est_bj; `plain`
+  tokens for D_k = 0 (a plain round of that many steps)."""
   b, d = est.shape
   proposed = jnp.arange(d)[None, :] < draft_len[:, None]
   reach = jnp.cumprod(est, axis=1) * proposed                     # P(the first i+1 accepted)
   csum = jnp.concatenate([jnp.zeros((b, 1), est.dtype), jnp.cumsum(reach, axis=1)], axis=1)
-  return 1.0 + csum[:, jnp.asarray(lengths)]
+  al = 1.0 + csum[:, jnp.asarray(lengths)]
+  return jnp.where(jnp.asarray(lengths) == 0, float(plain), al)
 
 
-def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost) -> jax.Array:
-  al = expected_lengths(est, draft_len, lengths)                  # [B, K]
+def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: int = 1):
+  al = expected_lengths(est, draft_len, lengths, plain)           # [B, K]
   w = live.astype(est.dtype)[:, None]
   mean_al = jnp.sum(al * w, axis=0) / jnp.maximum(jnp.sum(w), 1.0)
   return jnp.argmax(mean_al / cost).astype(jnp.int32)            # ties: the shorter length

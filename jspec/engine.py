@@ -141,6 +141,7 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   # W = D, or (adaptive drafters, jspec.adaptive) the W the drafter picks from earlier rounds and
   # this draft, among its compiled lengths.
   verify_keys = _step_keys(state.keys, step, 2)
+  n_more = jnp.zeros((), jnp.int32)       # plain steps after a plain round's first (adaptive)
   if draft.parent is not None:
     n_acc, new, out_cache, hidden = _verify_tree(model, drafter, state, draft, draft_len, sampling,
                                                  verify_keys)
@@ -160,15 +161,23 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
     out_cache = state.cache.write_block(*new_kv)
     dstate = drafter.observe(dstate, k, n_acc, new, draft.tokens, draft_len, live)
     draft_len = jnp.minimum(draft_len, jnp.asarray(lengths, jnp.int32)[k])
+    plain = getattr(drafter, "plain_block", 1)
+    if plain > 1 and draft.extra is None:
+      # a plain round (length 0) goes on for plain - 1 more target steps: the round's fixed work
+      # is paid once per `plain` tokens (jspec.adaptive)
+      n_more = jnp.where(k == 0, plain - 1, 0)
+      new, out_cache, hidden = _plain_steps(model, drafter, state, out_cache, new, hidden, n_more,
+                                            sampling, verify_keys)
+  n_out = n_acc + n_more      # the round's tokens, less one
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
   j = jnp.arange(d + 1)[None, :]
   is_eos = jnp.isin(new, jnp.asarray(eos_ids, jnp.int32)) if eos_ids else jnp.zeros_like(new, bool)
-  eos_at = jnp.min(jnp.where(is_eos & (j <= n_acc[:, None]), j, d + 1), axis=1)   # [B]
+  eos_at = jnp.min(jnp.where(is_eos & (j <= n_out[:, None]), j, d + 1), axis=1)   # [B]
   generated = state.length - state.prompt_len
   room_new = state.max_new - generated
   room_cache = s - state.length
-  n_emit = jnp.minimum(jnp.minimum(n_acc + 1, eos_at + 1), jnp.minimum(room_new, room_cache))
+  n_emit = jnp.minimum(jnp.minimum(n_out + 1, eos_at + 1), jnp.minimum(room_new, room_cache))
   n_emit = jnp.where(live, jnp.maximum(n_emit, 0), 0)
   slots = jnp.where(j < n_emit[:, None], state.length[:, None] + j, s)           # s = dropped
   tokens = state.tokens.at[rows[:, None], slots].set(new, mode="drop")
@@ -181,8 +190,9 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
                           jnp.where(length >= s, STOP_CACHE_FULL, RUNNING))))
   m = state.metrics
   live_i = live.astype(jnp.int32)
+  forwards = jnp.where(n_more > 0, jnp.maximum(n_emit, 1), 1)     # target forwards that counted
   metrics = Metrics(
-      rounds=m.rounds + live_i, drafted=m.drafted + live_i * draft_len,
+      rounds=m.rounds + live_i * forwards, drafted=m.drafted + live_i * draft_len,
       accepted=m.accepted + live_i * n_acc, emitted=m.emitted + n_emit,
       accepted_at=m.accepted_at + live_i[:, None] * (jnp.arange(d)[None, :] < n_acc[:, None]))
   state = dataclasses.replace(
@@ -192,6 +202,29 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   ctx = dataclasses.replace(state.context(sampling, n_emit), extra_argmax=extra_argmax)
   dstate = drafter.commit(drafter_params, state.drafter_state, ctx)
   return dataclasses.replace(state, drafter_state=dstate)
+
+
+def _plain_steps(model, drafter, state: SpecState, cache, new, hidden, n_more, sampling, keys):
+  """n_more [] plain decode steps after a plain round's first token (new[:, 0]): step i feeds
+  new[:, i - 1] at position length - 1 + i, writing the cache in place, and samples new[:, i] from
+  the target exactly as a width-0 verify does (keys folded with i); the taps fill hidden[:, i]."""
+  b = new.shape[0]
+  no_draft = jnp.zeros((b, 0), jnp.int32)
+
+  def body(carry):
+    i, cache, new, hidden = carry
+    tok = jax.lax.dynamic_slice_in_dim(new, i - 1, 1, axis=1)                     # [B, 1]
+    out = model(tok, cache.with_lengths(state.length - 1 + i), taps=drafter.target_taps)
+    step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
+    _, t = verify(step_keys, out.logits, sampling, no_draft, None, jnp.zeros((b,), jnp.int32))
+    new = jax.lax.dynamic_update_slice_in_dim(new, t[:, :1].astype(new.dtype), i, axis=1)
+    hidden = tuple(jax.lax.dynamic_update_slice_in_dim(h, x.astype(h.dtype), i, axis=1)
+                   for h, x in zip(hidden, out.hidden))
+    return i + 1, out.cache, new, hidden
+
+  _, cache, new, hidden = jax.lax.while_loop(lambda c: c[0] <= n_more, body,
+                                             (jnp.int32(1), cache, new, hidden))
+  return new, cache, hidden
 
 
 def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, keys, width: int,

@@ -4,10 +4,11 @@
   and warmed up, then timed round-robin (medians), as jspec.bench.verify_cost does;
 - T_draft(B, D): each drafter's propose + commit at a post-prefill state of calibration prompts
   (jspec.bench.components.time_draft);
-- acceptance: per-position reach r_k from greedy generation on calibration prompts (the training
-  prompts, never the benchmark suite) at D_max;
-- the whole round: seconds per round of the adaptive round forced to each D (0 included) over
-  seconds per step of plain decoding, generating from calibration prompts, interleaved, medians:
+- acceptance: per-position reach r_k from greedy generation on calibration prompts (by default
+  prompts sampled from the default model that no drafter trained on; never the benchmark suite)
+  at D_max;
+- the whole round: seconds per round of the adaptive round forced to each D (0 included, per step
+  of its plain round) over seconds per step of plain decoding, generating from calibration prompts, interleaved, medians:
   the costs the adaptive choice uses (everything the forward timings leave out is in them);
 - a roofline: read bandwidth and fp32 GEMM FLOP/s, for the memory- vs compute-bound guideline.
 """
@@ -104,7 +105,7 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
                    repeats: int, options: dict | None = None,
                    log=print) -> dict[int, dict[int, float]]:
   """B -> {D: seconds per adaptive round forced to verify D / seconds per plain decode step}, for
-  D in {0} + lengths: one compiled program per B (the forced choice is a parameter), plain
+  D in {0} + lengths (D = 0: per step of the plain round): one compiled program per B (the forced choice is a parameter), plain
   decoding interleaved with the rounds, medians of `repeats`."""
   from jspec.decode import Decoder
   from jspec.spec_decode import SpecDecoder
@@ -129,7 +130,8 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
       o = sd.generate(ids, max_new_tokens=max_new_tokens, eos=False, pad_to=pad)
       if o.verified_lengths[d] != o.steps:
         raise RuntimeError(f"the round forced to D={d} verified {o.verified_lengths}")
-      return o.decode_s / max(o.steps, 1)
+      # the plain round (D = 0) is priced per token: it runs plain_block steps
+      return o.decode_s / max(o.steps, 1) / (sd.drafter.plain_block if d == 0 else 1)
 
     def step():
       o = plain.generate(ids, max_new_tokens=max_new_tokens, eos=False, pad_to=pad)

@@ -3,6 +3,8 @@ cases, the estimate update, non-anticipation through the real round, identity wi
 no recompilation across length switches, and configuration errors. Losslessness is in
 test_lossless_exact.py (exact enumeration through choose/update) and test_lossless_montecarlo.py."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,6 +39,9 @@ def test_cost_table_interpolates_and_adds_the_draft():
   r = CostTable(t.verify, t.draft, round={1: {0: 1.1, 2: 1.5, 4: 2.3}, 8: {0: 1.2, 4: 3.0}})
   assert r.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.1, 1.3, 1.9])
   assert r.round_costs(8, (0, 2), 3) == pytest.approx([1.2, 2.1])
+  # a plain round of 4 steps: the D = 0 entry is per step (measured), or 4 plain forwards + draft
+  assert r.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.4, 1.3, 1.9])
+  assert t.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.3, 1.5, 2.1])
   assert CostTable.from_dict(r.to_dict()) == r
   with pytest.raises(ValueError, match="bad round cost entry"):
     CostTable(t.verify, round={1: {0: 0.0}})
@@ -50,6 +55,9 @@ def test_expected_lengths_and_choice_by_hand():
   al = np.asarray(expected_lengths(est, jnp.asarray([3, 1]), (0, 1, 3)))
   # row 0: 1, 1 + .8, 1 + .8 + .4 + .2; row 1 proposes one draft only: 1, 1.2, 1.2
   np.testing.assert_allclose(al, [[1, 1.8, 2.4], [1, 1.2, 1.2]], rtol=1e-6)
+  # a plain round of 3 steps yields 3 tokens, whatever the estimates
+  al3 = np.asarray(expected_lengths(est, jnp.asarray([3, 1]), (0, 1, 3), plain=3))
+  np.testing.assert_allclose(al3, [[3, 1.8, 2.4], [3, 1.2, 1.2]], rtol=1e-6)
   live = jnp.asarray([True, True])
   # mean AL = 1, 1.5, 1.8 -> per unit cost 1, 1.25, 1.2 at costs 1, 1.2, 1.5
   assert int(choose_length(est, jnp.asarray([3, 1]), live, (0, 1, 3),
@@ -62,6 +70,11 @@ def test_expected_lengths_and_choice_by_hand():
   # nothing proposed: every length has AL 1, the cheapest (the plain step) wins
   assert int(choose_length(est, jnp.asarray([0, 0]), live, (0, 1, 3),
                            jnp.asarray([1.0, 1.02, 1.1]))) == 0
+  # mean AL 3 (plain, 3 steps), 1.5, 1.8: 3 / 3.3 = 0.91 loses to 1.5 / 1.2 = 1.25; 3 / 2.3 = 1.30 wins
+  assert int(choose_length(est, jnp.asarray([3, 1]), live, (0, 1, 3),
+                           jnp.asarray([3.3, 1.2, 1.5]), plain=3)) == 1
+  assert int(choose_length(est, jnp.asarray([3, 1]), live, (0, 1, 3),
+                           jnp.asarray([2.3, 1.2, 1.5]), plain=3)) == 0
 
 
 def test_update_counts_accepted_rejected_and_the_frontier():
@@ -208,3 +221,42 @@ def test_serial_drafters_draft_only_what_they_are_asked_for(tiny, method):
   out = auto.generate(_prompts(0, [8, 10], repeat=2), max_new_tokens=30, eos=False)
   plain = Decoder(tiny).generate(_prompts(0, [8, 10], repeat=2), max_new_tokens=30, eos=False)
   assert out.token_ids == plain.token_ids
+
+
+def test_plain_rounds_decode_several_steps_and_keep_the_head_in_step(tiny):
+  """A plain round (length 0) decodes plain_block target steps: greedy output equals plain
+  decoding, every counted forward yields one token (AL exactly 1 when only plain rounds run),
+  and an EAGLE-3 head driven through a mix of plain and drafting rounds (its commit narrowed to
+  each round's block) ends in the state a fresh prefill of the same tokens gives it."""
+  prompts = _prompts(0, [8, 10], repeat=3) + _prompts(1, [7])
+  plain = Decoder(tiny).generate(prompts, max_new_tokens=21, eos=False)
+  forced = CostTable({1: {1: 1.0}}, round={1: {0: 0.1, 1: 50.0, 3: 50.0}})
+  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3,
+                          "draft_lengths": [0, 1, 3]}, cost_table=forced)
+  assert sd.drafter.plain_block == 4
+  out = sd.generate(prompts, max_new_tokens=21, eos=False)
+  assert out.token_ids == plain.token_ids
+  assert out.verified_lengths == {0: out.steps, 1: 0, 3: 0} and out.steps == 5   # 1 + 4 x 5 tokens
+  assert out.acceptance_length == 1.0 and out.rounds == len(prompts) * 20
+
+  from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+  head = Eagle3Head(Eagle3Config.for_target(CFG, taps=(0, 1, 1)), rngs=nnx.Rngs(2))
+  sd = SpecDecoder(tiny, {"method": "eagle3", "num_speculative_tokens": 3,
+                          "draft_lengths": [0, 1, 3]}, draft_model=head,
+                   cost_table=CostTable({1: {1: 1.0, 2: 1.05, 4: 1.1}}))
+  state, sampling = sd.prefill(prompts[:1], max_new_tokens=40, eos=False)
+  base = sd.drafter_params
+  for k in [0, 2, 0, 1, 0, 0, 2, 0]:        # force the lengths 0, 3, 0, 1, ... (as jspec plan does)
+    forced = dataclasses.replace(base, cost=jnp.where(jnp.arange(3) == k, 1.0, 1e3)
+                                 * jnp.ones_like(base.cost))
+    before = np.asarray(state.drafter_state.chosen)
+    state = engine.spec_round(sd.graphdef, sd.weights, sd.drafter, forced, state, sampling,
+                              eos_ids=())
+    assert np.flatnonzero(np.asarray(state.drafter_state.chosen) - before).tolist() == [k]
+  n = int(state.length[0])
+  fresh, _ = sd.prefill([np.asarray(state.tokens[0, :n - 1]).tolist()], max_new_tokens=2,
+                        eos=False)
+  assert int(fresh.tokens[0, n - 1]) == int(state.tokens[0, n - 1])
+  for a, b in [(state.drafter_state.inner.feature, fresh.drafter_state.inner.feature),
+               (state.drafter_state.inner.logits, fresh.drafter_state.inner.logits)]:
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)

@@ -276,15 +276,16 @@ def test_greedy_fast_path_equals_general_verification():
 
 # Adaptive draft length (jspec.adaptive): each round verifies lengths[k] of D_max = 3 drafts, k
 # chosen by the real `choose_length` from running estimates that the real `update_estimates` folds
-# each enumerated outcome into. The cost makes all three lengths occur along the enumeration.
-ADAPT_LENGTHS, ADAPT_COST, ADAPT_DECAY = (0, 1, 3), (1.0, 1.2, 1.4), 0.5
+# each enumerated outcome into; a plain round (length 0) decodes ADAPT_PLAIN target steps, the
+# first of them observed against the first draft. The cost makes all three lengths occur.
+ADAPT_LENGTHS, ADAPT_COST, ADAPT_DECAY, ADAPT_PLAIN = (0, 1, 3), (2.0, 1.2, 1.4), 0.5, 2
 
 
 def spec_joint_adaptive(params, deterministic):
   from jspec.adaptive import choose_length, update_estimates
   d = ADAPT_LENGTHS[-1]
   choose = jax.jit(lambda est: choose_length(est, jnp.full((1,), d, jnp.int32), jnp.ones((1,), bool),
-                                             ADAPT_LENGTHS, jnp.asarray(ADAPT_COST)))
+                                             ADAPT_LENGTHS, jnp.asarray(ADAPT_COST), ADAPT_PLAIN))
   update = jax.jit(lambda est, w, n, emitted, draft: update_estimates(
       est, w, n, emitted, draft, jnp.full(n.shape, d, jnp.int32), jnp.ones(n.shape, bool),
       ADAPT_DECAY))
@@ -331,14 +332,25 @@ def spec_joint_adaptive(params, deterministic):
         jnp.asarray([pad(s, d) for s, _, _, _ in rows], jnp.int32)))
     out = {}
     for (s, k, x, pr), e in zip(rows, new_est):
-      emitted = s[:k] + (x,)
-      if len(emitted) >= need:
-        out[emitted[:need]] = out.get(emitted[:need], 0.0) + pr
-      else:
-        for rest, pr2 in from_ctx(ctx + emitted, need - len(emitted),
-                                  tuple(float(v) for v in e)).items():
-          out[emitted + rest] = out.get(emitted + rest, 0.0) + pr * pr2
+      for emitted, pr in plain_steps(ctx, (x,), pr) if w == 0 else [(s[:k] + (x,), pr)]:
+        add(out, ctx, emitted, pr, need, tuple(float(v) for v in e))
     return out
+
+  def plain_steps(ctx, emitted, pr):
+    """The plain round's further target steps after its first token."""
+    outs = [(emitted, pr)]
+    for _ in range(ADAPT_PLAIN - 1):
+      p = _dist(TARGET, [ctx + em for em, _ in outs], params)
+      outs = [(em + (y,), w * p[i, y]) for i, (em, w) in enumerate(outs) for y in range(V)
+              if w * p[i, y] > 0]
+    return outs
+
+  def add(out, ctx, emitted, pr, need, est):
+    if len(emitted) >= need:
+      out[emitted[:need]] = out.get(emitted[:need], 0.0) + pr
+      return
+    for rest, pr2 in from_ctx(ctx + emitted, need - len(emitted), est).items():
+      out[emitted + rest] = out.get(emitted + rest, 0.0) + pr * pr2
 
   return from_ctx(PROMPT, NEED, (0.5,) * d), used
 

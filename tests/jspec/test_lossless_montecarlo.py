@@ -192,3 +192,29 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
     keep = want > 0
     _, pvalue = stats.chisquare(counts[keep], SIZES[g] * want[keep] / want[keep].sum())
     assert pvalue > 1e-4, f"{method} group {g} (T={t}, top_k={k}, top_p={p}): p={pvalue:.2e}"
+
+
+@pytest.mark.parametrize("t, k, p", [GROUPS[0], GROUPS[2]])
+def test_plain_rounds_sample_the_target(target, t, k, p):
+  """A plain round of the adaptive round (length 0) decodes several target steps in one round:
+  the joint of generated tokens 2 and 3 (both from one plain round, after the prefill's token 1)
+  against the target's, marginalised over token 1 exactly."""
+  from jspec.adaptive import CostTable
+  decoder = SpecDecoder(target, {"method": "ngram", "num_speculative_tokens": 3,
+                                 "draft_lengths": [0, 3]},
+                        cost_table=CostTable({1: {1: 1.0}}, round={1: {0: 0.01, 3: 100.0}}))
+  res = decoder.generate([PROMPT] * CHUNK, max_new_tokens=3, temperature=t, top_k=k, top_p=p,
+                         seed=list(range(CHUNK)), eos=False)
+  assert res.verified_lengths == {0: 1, 3: 0} and res.steps == 1   # one plain round per row
+  got = np.asarray(res.token_ids)
+  params = SamplingParams.make(64, t, k, p)
+  seqs = np.array([PROMPT + [a, b] for a in range(8) for b in range(8)])
+  logits = target(jnp.asarray(seqs), KVCache.init(CFG, 64, 8)).logits       # [64, 7, V]
+  probs = lambda i: np.exp(np.asarray(process_logits(logits[:, i], params), np.float64))
+  p1, p2, p3 = probs(-3)[0], probs(-2)[::8], probs(-1).reshape(8, 8, 8)      # [8], [8, 8], [8, 8, 8]
+  want = np.einsum("a,ab,abc->bc", p1, p2, p3).ravel()
+  counts = np.bincount(got[:, 1] * 8 + got[:, 2], minlength=64)
+  assert counts[want == 0].sum() == 0
+  keep = want > 0
+  _, pvalue = stats.chisquare(counts[keep], CHUNK * want[keep] / want[keep].sum())
+  assert pvalue > 1e-4, f"T={t}, top_k={k}, top_p={p}: p={pvalue:.2e}"
