@@ -54,14 +54,14 @@ DEFAULT_VERIFY_COST = {
             4: {1: 1.0, 2: 1.14, 3: 1.28, 4: 1.40, 6: 1.62, 8: 1.84, 16: 2.82}},
     "gpu": {1: {1: 1.0, 8: 1.05, 16: 1.10}},
 }
-# The whole adaptive round verifying D, per plain decode step, on the project's CPUs
-# (benchmarks/plan_cpu.json, `jspec plan`): EAGLE-3's head upkeep makes even D = 0 cost more than a
-# plain step. Other drafters use n-gram's row; no GPU rounds are measured yet.
+# The whole adaptive round verifying D, per plain decode step (D = 0: per step of the 4-step plain
+# round), on the project's CPUs (benchmarks/plan_cpu.json, `jspec plan`). Other drafters use
+# n-gram's row; no GPU rounds are measured yet.
 DEFAULT_ROUND_COST = {
-    "cpu": {"ngram": {1: {0: 1.07, 1: 1.14, 2: 1.18, 3: 1.28, 5: 1.45, 7: 1.64},
-                      4: {0: 1.05, 1: 1.25, 2: 1.40, 3: 1.53, 5: 1.84, 7: 2.17}},
-            "eagle3": {1: {0: 1.22, 1: 1.34, 2: 1.47, 3: 1.56, 5: 1.84, 7: 2.06},
-                       4: {0: 1.16, 1: 1.47, 2: 1.74, 3: 2.01, 5: 2.43, 7: 2.81}}},
+    "cpu": {"ngram": {1: {0: 1.00, 1: 1.06, 2: 1.12, 3: 1.19, 5: 1.38, 7: 1.50},
+                      4: {0: 1.02, 1: 1.18, 2: 1.37, 3: 1.55, 5: 2.05, 7: 2.45}},
+            "eagle3": {1: {0: 1.03, 1: 1.26, 2: 1.34, 3: 1.43, 5: 1.77, 7: 1.90},
+                       4: {0: 1.04, 1: 1.53, 2: 1.91, 3: 2.24, 5: 3.10, 7: 3.75}}},
 }
 
 

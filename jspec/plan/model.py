@@ -124,7 +124,8 @@ def guidelines(config, verify: dict[int, dict[int, float]], ranking: dict[int, l
            "the planner plans D = 0 (plain decoding) where no drafter clears it",
       holds=wins[min(best)] if best else None,
       evidence="; ".join(f"B={b}: best {r['drafter']} D={r['num_draft']} AL {r['acceptance_length']:.2f}"
-                         f" vs breakeven {r['breakeven_acceptance_length']:.2f} -> "
+                         f" vs breakeven {r.get('round_cost', r['breakeven_acceptance_length']):.2f}"
+                         f"{' (whole round)' if 'round_cost' in r else ''} -> "
                          f"{'speculate' if wins[b] else 'plain'}" for b, r in best.items())))
 
   # 2. D shrinks as B grows
