@@ -177,6 +177,10 @@ def test_wrapper_passes_the_drafters_hooks_through():
   from jspec.drafters.ngram import NgramDrafter
   w = AdaptiveDrafter(NgramDrafter(3))
   assert w.make_request is None and w.after_generate is None and w.num_extra == 0
+  assert w.plain_block == 4 and AdaptiveDrafter(NgramDrafter(2), (0, 2)).plain_block == 3
+  assert AdaptiveDrafter(NgramDrafter(3), (1, 3)).plain_block == 1     # no plain round
+  with pytest.raises(ValueError, match="plain_steps must be an integer >= 1"):
+    AdaptiveDrafter(NgramDrafter(3), plain_steps=0)
 
 
 def test_calibrated_acceptance_is_the_starting_estimate(tiny):
