@@ -4,8 +4,9 @@
 verify width 1 + D_k from a small compiled set (`lengths`, e.g. 0, 1, 2, 3, 5, 7; 0 is a plain
 decode step) and verifies with `lax.switch`, so nothing recompiles when the choice changes. A
 model-free drafter drafts D_max tokens first (its proposal count per row enters the choice); a
-serial model drafter (`variable_length`: EAGLE-3, draft models) is asked for only min(D_k + 1,
-D_max) tokens, the one past the verified ones keeping the estimate of the next position learning:
+serial model drafter (`variable_length`: EAGLE-3, draft models) is asked for only the D_k tokens
+it verifies, and one more in every `explore_every`-th round (and in plain rounds, where the first
+draft costs no drafter step) so that the estimate of the next position keeps learning:
 
   AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
   AL_b(0)   = m                                                    (a plain round: m steps)
@@ -124,15 +125,19 @@ class CostTable:
     return 0.0 if row is None or d == 0 else max(_interp(row, d), 0.0)
 
   def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int,
-                  variable_length: bool = False, plain: int = 1) -> list[float]:
+                  variable_length: bool = False, plain: int = 1,
+                  explore_every: int = 0) -> list[float]:
     """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
     the table has it, else verify + draft after drafting d_max tokens, or (variable_length)
-    min(lengths[k] + 1, d_max). A plain round (lengths[k] = 0) runs `plain` steps."""
+    lengths[k] drafts plus one in every `explore_every`-th round (one in a plain round). A plain
+    round (lengths[k] = 0) runs `plain` steps."""
     steps = [plain if d == 0 else 1 for d in lengths]
     if self.round:
       row = self._row(self.round, b)
       return [max(_interp(row, d), 1e-3) * m for d, m in zip(lengths, steps)]
-    drafted = [min(d + 1, d_max) if variable_length else d_max for d in lengths]
+    extra = 1.0 / explore_every if explore_every else 0.0
+    drafted = [min(d + (1.0 if d == 0 else extra), d_max) if variable_length else d_max
+               for d in lengths]
     return [m * self.verify_cost(b, 1 + d) + self.draft_cost(b, n)
             for d, n, m in zip(lengths, drafted, steps)]
 
@@ -213,10 +218,25 @@ class AdaptiveDrafter:
   decay: float = 0.25                   # weight of a new observation in the running estimate
   prior: float = 0.5                    # the starting estimate where the cost table has none
   plain_steps: int = 4                  # target steps per plain round (at most D_max + 1)
+  explore_every: int = 4                # a serial drafter drafts one past the verified length
+                                        # in every this many rounds (0: never)
 
   def __post_init__(self):
     if not (isinstance(self.plain_steps, int) and self.plain_steps >= 1):
       raise ValueError(f"plain_steps must be an integer >= 1, got {self.plain_steps!r}")
+    if not (isinstance(self.explore_every, int) and self.explore_every >= 0):
+      raise ValueError(f"explore_every must be an integer >= 0, got {self.explore_every!r}")
+
+  def num_to_draft(self, k: jax.Array, round_index: jax.Array) -> jax.Array:
+    """[] drafts a serial drafter is asked for in a round verifying lengths[k]: the verified ones,
+    plus one past them in every `explore_every`-th round (so that the next position's estimate
+    keeps learning without paying a draft step that is never verified in every round) and in
+    plain rounds (the first draft, read off the drafter's state without a step, keeps a_1
+    learning). A function of the round index and the choice only: non-anticipating."""
+    width = jnp.asarray(self.lengths, jnp.int32)[k]
+    explore = (round_index % self.explore_every == 0) if self.explore_every else False
+    extra = jnp.where((width == 0) | explore, 1, 0)
+    return jnp.minimum(width + extra, self.num_draft).astype(jnp.int32)
 
   @property
   def plain_block(self) -> int:
@@ -255,7 +275,7 @@ class AdaptiveDrafter:
 
   def make_params(self, inner_params, costs: CostTable) -> AdaptiveParams:
     rows = [costs.round_costs(b, self.lengths, self.num_draft, self.choose_before_drafting,
-                              self.plain_block) for b in self.batch_sizes]
+                              self.plain_block, self.explore_every) for b in self.batch_sizes]
     known = list(costs.acceptance[:self.num_draft])
     prior = known + [known[-1] if known else self.prior] * (self.num_draft - len(known))
     return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)),

@@ -44,6 +44,7 @@ class Metrics:
   accepted: jax.Array      # [B] draft tokens accepted while live
   emitted: jax.Array       # [B] tokens committed by rounds (the prefill's first token excluded)
   accepted_at: jax.Array   # [B, D] rounds in which draft position i was accepted
+  offered_at: jax.Array    # [B, D] rounds that verified draft position i, the ones before accepted
 
 
 @jax.tree_util.register_dataclass
@@ -98,7 +99,8 @@ def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
                                                            RUNNING)))
   d = drafter.num_draft
   zeros = jnp.zeros((b,), jnp.int32)
-  metrics = Metrics(zeros, zeros, zeros, zeros, jnp.zeros((b, d), jnp.int32))
+  metrics = Metrics(zeros, zeros, zeros, zeros, jnp.zeros((b, d), jnp.int32),
+                    jnp.zeros((b, d), jnp.int32))
   state = SpecState(tokens=tokens, length=length, prompt_len=prompt_len, max_new=max_new,
                     finish=finish, cache=out.cache, drafter_state=None, keys=keys,
                     round=jnp.zeros((), jnp.int32), hidden=_empty_hidden(model, b, drafter),
@@ -126,12 +128,12 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   ctx = state.context(sampling)
 
   # 1. draft (an adaptive wrapper over a serial drafter picks the verify width first and asks for
-  # only one draft past it; jspec.adaptive)
+  # only the drafts it verifies, one more in some rounds; jspec.adaptive)
   lengths = getattr(drafter, "lengths", None)
   draft_keys = _step_keys(state.keys, step, 1)
   if lengths is not None and drafter.choose_before_drafting:
     k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live)
-    num = jnp.minimum(jnp.asarray(lengths, jnp.int32)[k] + 1, d)
+    num = drafter.num_to_draft(k, step)
     draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys, num=num)
   else:
     draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys)
@@ -191,10 +193,13 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   m = state.metrics
   live_i = live.astype(jnp.int32)
   forwards = jnp.where(n_more > 0, jnp.maximum(n_emit, 1), 1)     # target forwards that counted
+  i = jnp.arange(d)[None, :]
+  offered = (i < draft_len[:, None]) & (i <= n_acc[:, None])
   metrics = Metrics(
       rounds=m.rounds + live_i * forwards, drafted=m.drafted + live_i * draft_len,
       accepted=m.accepted + live_i * n_acc, emitted=m.emitted + n_emit,
-      accepted_at=m.accepted_at + live_i[:, None] * (jnp.arange(d)[None, :] < n_acc[:, None]))
+      accepted_at=m.accepted_at + live_i[:, None] * (i < n_acc[:, None]),
+      offered_at=m.offered_at + live_i[:, None] * offered)
   state = dataclasses.replace(
       state, tokens=tokens, length=length, finish=finish, round=step,
       cache=out_cache.with_lengths(jnp.maximum(length - 1, 0)), drafter_state=dstate,

@@ -28,6 +28,8 @@ class SpecOutput(DecodeOutput):
   steps: int = 0                   # rounds the batch ran (the slowest row's)
   accepted_at: list[int] = dataclasses.field(default_factory=list)
   # [D] rounds (summed over rows) in which draft position i was accepted
+  offered_at: list[int] = dataclasses.field(default_factory=list)
+  # [D] rounds (summed over rows) that verified draft position i after accepting the ones before
   verified_lengths: dict[int, int] = dataclasses.field(default_factory=dict)
   # adaptive configs: how many rounds verified each draft length (0 = a plain step)
 
@@ -35,6 +37,13 @@ class SpecOutput(DecodeOutput):
   def per_position_acceptance(self) -> list[float]:
     """Fraction of rounds in which draft position i was accepted."""
     return [a / max(self.rounds, 1) for a in self.accepted_at]
+
+  @property
+  def conditional_acceptance(self) -> list[float]:
+    """P(draft position i accepted | it was verified after the ones before it were accepted):
+    what the adaptive draft length estimates (rounds where a drafter proposed nothing at i do
+    not count); 0 where position i was never verified so."""
+    return [a / o if o else 0.0 for a, o in zip(self.accepted_at, self.offered_at)]
 
   @property
   def acceptance_length(self) -> float:
@@ -242,4 +251,5 @@ class SpecDecoder:
         finish_reason=[engine.FINISH_REASONS[int(f)] for f in finish], rounds=rounds,
         drafted=int(m.drafted.sum()), accepted=int(m.accepted.sum()), emitted=int(m.emitted.sum()),
         steps=int(state.round),
-        accepted_at=m.accepted_at.sum(0).tolist(), verified_lengths=verified, **times)
+        accepted_at=m.accepted_at.sum(0).tolist(), offered_at=m.offered_at.sum(0).tolist(),
+        verified_lengths=verified, **times)

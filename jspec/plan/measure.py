@@ -83,13 +83,16 @@ def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_n
 
   d_max = max(lengths)
   sd = decoder(d_max)
-  accepted, rounds = [0] * d_max, 0
+  accepted, offered, rounds = [0] * d_max, [0] * d_max, 0
   for i in range(0, len(prompts), 8):
     out = sd.generate(prompts[i:i + 8], max_new_tokens=max_new_tokens, pad_to=_pad(prompts))
     accepted = [a + b for a, b in zip(accepted, out.accepted_at)]
+    offered = [a + b for a, b in zip(offered, out.offered_at)]
     rounds += out.rounds
   reach = tuple(a / max(rounds, 1) for a in accepted)
-  log(f"{method}: AL(D={d_max}) = {1 + sum(reach):.2f} on {len(prompts)} calibration prompts")
+  acceptance = tuple(cm.offered_acceptance(accepted, offered))
+  log(f"{method}: AL(D={d_max}) = {1 + sum(reach):.2f} on {len(prompts)} calibration prompts; "
+      f"acceptance when proposed " + ", ".join(f"{a:.2f}" for a in acceptance))
   draft = {}
   for d in sorted(x for x in lengths if x > 0):
     sd = decoder(d)
@@ -98,7 +101,7 @@ def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_n
       state, sampling = sd.prefill(ids, max_new_tokens=max_new_tokens, pad_to=_pad(prompts))
       draft.setdefault(b, {})[d] = time_draft(sd, state, sampling, repeats=repeats) / t1[b]
     log(f"{method}: draft D={d} timed")
-  return cm.DrafterProfile(method.replace("-", "_"), reach, draft)
+  return cm.DrafterProfile(method.replace("-", "_"), reach, draft, acceptance=acceptance)
 
 
 def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_new_tokens: int,
@@ -180,7 +183,8 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
   ranking = cm.rank(verify, profiles, [0] + lengths)
   sched = cm.schedule(ranking)
   tables = {p.method: CostTable(verify, p.draft, source="jspec plan",
-                                acceptance=tuple(cm.conditional_acceptance(list(p.reach))),
+                                acceptance=p.acceptance or tuple(
+                                    cm.conditional_acceptance(list(p.reach))),
                                 round=p.round).to_dict() for p in profiles}
   first = sched[min(sched)]["drafter"]
   return dict(
@@ -190,6 +194,7 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
       verify_ms={str(b): {str(t): 1e3 * s for t, s in row.items()} for b, row in secs.items()},
       drafters={p.method: dict(reach=list(p.reach),
                                conditional_acceptance=cm.conditional_acceptance(list(p.reach)),
+                               acceptance_when_proposed=list(p.acceptance),
                                acceptance_length={str(d): cm.acceptance_length(list(p.reach), d)
                                                   for d in [0] + lengths},
                                draft_cost={str(b): {str(d): c for d, c in r.items()}

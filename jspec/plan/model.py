@@ -33,6 +33,18 @@ def conditional_acceptance(reach: list[float]) -> list[float]:
   return out
 
 
+def offered_acceptance(accepted_at: list[int], offered_at: list[int]) -> list[float]:
+  """a_k = P(draft k accepted | it was verified with drafts < k accepted), counting only rounds
+  that proposed draft k: what the adaptive estimates track, unlike conditional_acceptance(reach),
+  which a drafter proposing nothing in some rounds (n-gram without a match) pulls down. A
+  position never verified so takes the one before it's value (0.5 at the first)."""
+  out, prev = [], 0.5
+  for a, o in zip(accepted_at, offered_at):
+    prev = a / o if o else prev
+    out.append(prev)
+  return out
+
+
 def speedup(al: float, verify_cost: float, draft_cost: float) -> float:
   return al / (verify_cost + draft_cost)
 
@@ -48,6 +60,8 @@ class DrafterProfile:
   draft: dict[int, dict[int, float]]             # B -> {D: T_draft(B, D) / T_verif(B, 1)}
   round: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
   # B -> {D: seconds per (adaptive) round verifying D / seconds per plain step}, when measured
+  acceptance: tuple[float, ...] = ()
+  # offered_acceptance at D_max (the adaptive estimates' start); empty: from reach
 
 
 def rank(verify: dict[int, dict[int, float]], profiles: list[DrafterProfile],

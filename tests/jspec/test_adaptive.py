@@ -33,8 +33,11 @@ def test_cost_table_interpolates_and_adds_the_draft():
   assert t.verify_cost(16, 3) == pytest.approx(3.0)
   assert t.draft_cost(1, 2) == pytest.approx(0.2) and t.draft_cost(8, 3) == pytest.approx(0.3)
   assert t.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.3, 1.5, 2.1])
-  # a serial drafter asked for min(D_k + 1, D_max) drafts only
-  assert t.round_costs(1, (0, 1, 3), 3, variable_length=True) == pytest.approx([1.1, 1.4, 2.1])
+  # a serial drafter asked for the D_k drafts it verifies (one in a plain round), and one more in
+  # every explore_every-th round (a quarter of a draft at 4), at most D_max
+  assert t.round_costs(1, (0, 1, 3), 3, variable_length=True) == pytest.approx([1.1, 1.3, 2.1])
+  assert t.round_costs(1, (0, 1, 3), 3, variable_length=True, explore_every=4) == \
+      pytest.approx([1.1, 1.325, 2.1])
   # measured whole rounds replace verify + draft (per B row, interpolated over D)
   r = CostTable(t.verify, t.draft, round={1: {0: 1.1, 2: 1.5, 4: 2.3}, 8: {0: 1.2, 4: 3.0}})
   assert r.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.1, 1.3, 1.9])
@@ -264,3 +267,39 @@ def test_plain_rounds_decode_several_steps_and_keep_the_head_in_step(tiny):
   for a, b in [(state.drafter_state.inner.feature, fresh.drafter_state.inner.feature),
                (state.drafter_state.inner.logits, fresh.drafter_state.inner.logits)]:
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)
+
+
+def test_serial_drafters_explore_one_past_the_verified_length(tiny):
+  """A serial drafter is asked for the drafts it verifies, one more in every explore_every-th
+  round (and one in a plain round): forced to D = 1 with the target as its own draft model
+  (every draft accepted), the estimate of position 2 moves only after exploring rounds, that of
+  position 3 never."""
+  from jspec.drafters.ngram import NgramDrafter
+  w = AdaptiveDrafter(NgramDrafter(7))
+  got = [[int(w.num_to_draft(jnp.int32(k), jnp.int32(r))) for r in range(1, 9)]
+         for k in range(len(w.lengths))]
+  want = [[min(d + (1 if d == 0 or r % 4 == 0 else 0), 7) for r in range(1, 9)]
+          for d in w.lengths]
+  assert got == want
+  assert int(AdaptiveDrafter(NgramDrafter(7), explore_every=0).num_to_draft(
+      jnp.int32(1), jnp.int32(4))) == 1
+  with pytest.raises(ValueError, match="explore_every"):
+    AdaptiveDrafter(NgramDrafter(3), explore_every=-1)
+
+  sd = SpecDecoder(tiny, {"method": "draft_model", "num_speculative_tokens": 3,
+                          "draft_lengths": [0, 1, 3]}, draft_model=tiny,
+                   cost_table=CostTable({1: {1: 1.0}}, round={1: {0: 50.0, 1: 1.0, 3: 50.0}}))
+  state, sampling = sd.prefill(_prompts(0, [8]), max_new_tokens=40, eos=False)
+  moved = []
+  for _ in range(9):
+    r = int(state.round) + 1
+    before = np.asarray(state.drafter_state.est)
+    state = engine.spec_round(sd.graphdef, sd.weights, sd.drafter, sd.drafter_params, state,
+                              sampling, eos_ids=())
+    after = np.asarray(state.drafter_state.est)
+    assert after[0, 0] > before[0, 0] or after[0, 0] == pytest.approx(1.0)
+    assert after[0, 2] == before[0, 2]
+    if after[0, 1] != before[0, 1]:
+      moved.append(r)
+  assert moved == [4, 8]
+  assert np.asarray(state.drafter_state.chosen).tolist() == [0, 9, 0]

@@ -189,3 +189,23 @@ def test_drafters_see_prompt_taps_and_committed_counts(tiny):
   _, total, start = final.drafter_state
   np.testing.assert_array_equal(np.asarray(total), np.asarray(final.length - start))
   assert np.asarray(final.length - start).tolist() == [19, 19]   # 20 new, the first at prefill
+
+
+def test_offered_counts_the_rounds_that_verified_each_position(tiny):
+  """offered_at[i]: rounds that verified draft i after accepting drafts < i. A drafter that always
+  proposes D (a draft model) is offered position 0 every round and position i whenever i - 1 was
+  accepted; n-gram without a match proposes nothing, so its first position is offered in fewer
+  rounds than run, and the acceptance per offer is then above the acceptance per round."""
+  prompts = _prompts(0, [6, 9])
+  full = SpecDecoder(tiny, {"method": "draft_model", "num_speculative_tokens": 3},
+                     draft_model=Llama(CFG, rngs=nnx.Rngs(8))).generate(
+                         prompts, max_new_tokens=30, eos=False, temperature=[0.0, 1.0])
+  assert full.offered_at[0] == full.rounds
+  assert full.offered_at[1:] == full.accepted_at[:-1]
+  rng = np.random.default_rng(3)
+  mixed = [rng.integers(0, CFG.vocab_size, 12).tolist() * 2, rng.integers(0, CFG.vocab_size, 20).tolist()]
+  out = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3}).generate(
+      mixed, max_new_tokens=30, eos=False)
+  assert 0 < out.offered_at[0] < out.rounds
+  assert all(o <= a for o, a in zip(out.offered_at[1:], out.accepted_at[:-1]))
+  assert out.conditional_acceptance[0] > out.per_position_acceptance[0]

@@ -14,6 +14,11 @@ def test_acceptance_length_and_conditional_acceptance():
   assert cm.conditional_acceptance(reach) == pytest.approx([0.8, 0.5, 0.25])
   with pytest.raises(ValueError, match="D <= 3"):
     cm.acceptance_length(reach, 4)
+  # counted over the rounds that proposed each position: 30 of 40 offered firsts accepted, 12 of
+  # the 30 seconds; the third never offered (takes the second's), the fourth 1 of 4
+  assert cm.offered_acceptance([30, 12, 0, 1], [40, 30, 0, 4]) == pytest.approx(
+      [0.75, 0.4, 0.4, 0.25])
+  assert cm.offered_acceptance([0, 0], [0, 0]) == [0.5, 0.5]
 
 
 def test_ranking_by_hand():
