@@ -23,8 +23,9 @@ positions before it were: an exponentially weighted average of what *earlier* ro
 (accepted positions count 1, the first rejected one 0; when a whole block is accepted, the bonus
 token equal to the next draft token counts as that position's outcome, which is how a width-1 round
 keeps learning a_1; for a drafter that samples its drafts this undercounts a little). The estimates
-start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`), else
-0.5. cost_k is the measured cost of a whole round verifying D_k in plain decode steps (`CostTable.
+start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`: measured
+over the rounds that proposed each position, as the estimates are, so that an n-gram drafter's
+rounds without a match do not pull it down), else 0.5. cost_k is the measured cost of a whole round verifying D_k in plain decode steps (`CostTable.
 round`, from `jspec plan` or the built-in CPU defaults below), or where no round was measured
 (T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) (m T_verif(B, 1) for the plain round). The choice depends on the
 committed context and earlier rounds only, never on this round's verification, so each round is an
@@ -75,6 +76,28 @@ def _interp(points: dict[int, float], x: float) -> float:
   x0, x1 = xs[i - 1], xs[i]
   y0, y1 = points[x0], points[x1]
   return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def monotone(points: dict[int, float]) -> dict[int, float]:
+  """The closest non-decreasing fit in D (pool-adjacent-violators, equal weights) of measured
+  round costs for D >= 1: verifying more drafts never costs less, so a dip is timing noise, and
+  left alone it would make the choice prefer the longer length at the dip. D = 0 (the plain
+  round, priced per step) is kept as measured."""
+  ds = sorted(d for d in points if d >= 1)
+  blocks = []                                      # [sum, count] of pooled neighbours
+  for d in ds:
+    blocks.append([points[d], 1])
+    while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+      s, n = blocks.pop()
+      blocks[-1][0] += s
+      blocks[-1][1] += n
+  out = {d: c for d, c in points.items() if d < 1}
+  i = 0
+  for s, n in blocks:
+    for d in ds[i:i + n]:
+      out[d] = s / n
+    i += n
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,12 +151,12 @@ class CostTable:
                   variable_length: bool = False, plain: int = 1,
                   explore_every: int = 0) -> list[float]:
     """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
-    the table has it, else verify + draft after drafting d_max tokens, or (variable_length)
+    the table has it (made non-decreasing in D, `monotone`), else verify + draft after drafting d_max tokens, or (variable_length)
     lengths[k] drafts plus one in every `explore_every`-th round (one in a plain round). A plain
     round (lengths[k] = 0) runs `plain` steps."""
     steps = [plain if d == 0 else 1 for d in lengths]
     if self.round:
-      row = self._row(self.round, b)
+      row = monotone(self._row(self.round, b))
       return [max(_interp(row, d), 1e-3) * m for d, m in zip(lengths, steps)]
     extra = 1.0 / explore_every if explore_every else 0.0
     drafted = [min(d + (1.0 if d == 0 else extra), d_max) if variable_length else d_max

@@ -144,7 +144,10 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
     for d in lengths:
       spec(d)                                     # compiles once, warms up every length
     times = {d: [] for d in ["plain"] + lengths}
-    for _ in range(repeats):
+    for r in range(repeats):
+      # each repeat decodes other calibration prompts (same padded shape: nothing recompiles),
+      # so that one prompt's content does not set the costs
+      ids = [prompts[(j + (r + 1) * b) % len(prompts)] for j in range(b)]
       times["plain"].append(step())
       for d in lengths:
         times[d].append(spec(d))
@@ -177,7 +180,7 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
     prof = measure_drafter(loaded, m, lengths, batch_sizes, prompts, max_new_tokens=max_new_tokens,
                            repeats=repeats, t1=t1, options=opts, log=log)
     rounds = measure_rounds(loaded, m, lengths, batch_sizes, prompts,
-                            max_new_tokens=max_new_tokens, repeats=max(3, repeats // 2),
+                            max_new_tokens=max_new_tokens, repeats=max(5, repeats - 2),
                             options=opts, log=log)
     profiles.append(dataclasses.replace(prof, round=rounds))
   ranking = cm.rank(verify, profiles, [0] + lengths)

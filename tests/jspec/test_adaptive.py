@@ -13,7 +13,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles, engine
 from jspec.adaptive import (AdaptiveDrafter, CostTable, choose_length, expected_lengths,
-                            update_estimates)
+                            monotone, update_estimates)
 from models import Llama, LlamaConfig
 
 CFG = LlamaConfig.tiny()
@@ -46,6 +46,12 @@ def test_cost_table_interpolates_and_adds_the_draft():
   assert r.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.4, 1.3, 1.9])
   assert t.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.3, 1.5, 2.1])
   assert CostTable.from_dict(r.to_dict()) == r
+  # measured round costs that dip with D (timing noise) are pooled into a non-decreasing fit
+  assert monotone({0: 1.05, 1: 1.42, 2: 1.41, 3: 1.46, 7: 1.4}) == pytest.approx(
+      {0: 1.05, 1: 1.415, 2: 1.415, 3: 1.43, 7: 1.43})
+  assert monotone({0: 0.9, 1: 1.3, 2: 1.2, 3: 1.1}) == pytest.approx({0: 0.9, 1: 1.2, 2: 1.2, 3: 1.2})
+  dip = CostTable(t.verify, round={1: {0: 1.0, 1: 1.42, 2: 1.41, 3: 1.46}})
+  assert dip.round_costs(1, (0, 1, 2, 3), 3) == pytest.approx([1.0, 1.415, 1.415, 1.46])
   with pytest.raises(ValueError, match="bad round cost entry"):
     CostTable(t.verify, round={1: {0: 0.0}})
   assert CostTable.from_dict(t.to_dict()) == t
