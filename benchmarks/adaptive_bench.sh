@@ -12,7 +12,7 @@ PY=${PY:-.venv/bin/python}
 CATS=coding,code_editing,summarization,rag_qa,math,writing,multi_turn
 
 [[ "${SKIP_PLAN:-0}" == 1 ]] || $PY -m jspec.cli plan --drafters ngram,eagle3 --batch-sizes 1,4 --num-draft 1,2,3,5,7 \
-  --calibration benchmarks/prompts/calibration.jsonl --calibration-prompts 16 --max-new-tokens 64 \
+  --calibration benchmarks/prompts/calibration.jsonl --calibration-prompts 16 --max-new-tokens 64 --context 512 \
   --json benchmarks/plan_cpu.json --plot benchmarks/plots/plan_pareto_cpu.png
 
 $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \

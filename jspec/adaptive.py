@@ -78,26 +78,22 @@ def _interp(points: dict[int, float], x: float) -> float:
   return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
-def monotone(points: dict[int, float]) -> dict[int, float]:
-  """The closest non-decreasing fit in D (pool-adjacent-violators, equal weights) of measured
-  round costs for D >= 1: verifying more drafts never costs less, so a dip is timing noise, and
-  left alone it would make the choice prefer the longer length at the dip. D = 0 (the plain
-  round, priced per step) is kept as measured."""
+def fit_round_costs(points: dict[int, float]) -> dict[int, float]:
+  """Measured round costs for D >= 1 replaced by the least-squares line a + b D through them, with
+  b >= 0 (a flat line at their mean otherwise): verifying more drafts never costs less, and the
+  timing noise of one length is averaged over all of them. Left alone, a dip (D = 2 measured below
+  D = 1) makes the choice prefer the longer length; a pooled non-decreasing fit has the same fault
+  (equal costs, and the longer length always expects more tokens). D = 0 (the plain round, priced
+  per step) is kept as measured."""
   ds = sorted(d for d in points if d >= 1)
-  blocks = []                                      # [sum, count] of pooled neighbours
-  for d in ds:
-    blocks.append([points[d], 1])
-    while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-      s, n = blocks.pop()
-      blocks[-1][0] += s
-      blocks[-1][1] += n
   out = {d: c for d, c in points.items() if d < 1}
-  i = 0
-  for s, n in blocks:
-    for d in ds[i:i + n]:
-      out[d] = s / n
-    i += n
-  return out
+  if len(ds) < 2:
+    return {**out, **{d: points[d] for d in ds}}
+  xs = np.asarray(ds, np.float64)
+  ys = np.asarray([points[d] for d in ds], np.float64)
+  slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
+  icpt = float(ys.mean() - slope * xs.mean())
+  return {**out, **{d: icpt + slope * d for d in ds}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,13 +147,15 @@ class CostTable:
                   variable_length: bool = False, plain: int = 1,
                   explore_every: int = 0) -> list[float]:
     """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
-    the table has it (made non-decreasing in D, `monotone`), else verify + draft after drafting d_max tokens, or (variable_length)
+    the table has it (a line in D, `fit_round_costs`), else verify + draft after drafting d_max tokens, or (variable_length)
     lengths[k] drafts plus one in every `explore_every`-th round (one in a plain round). A plain
     round (lengths[k] = 0) runs `plain` steps."""
     steps = [plain if d == 0 else 1 for d in lengths]
     if self.round:
-      row = monotone(self._row(self.round, b))
-      return [max(_interp(row, d), 1e-3) * m for d, m in zip(lengths, steps)]
+      row = fit_round_costs(self._row(self.round, b))
+      spec = {d: c for d, c in row.items() if d >= 1} or row     # the line, for D >= 1
+      cost = lambda d: row[d] if d in row else _interp(spec if d >= 1 else row, d)
+      return [max(cost(d), 1e-3) * m for d, m in zip(lengths, steps)]
     extra = 1.0 / explore_every if explore_every else 0.0
     drafted = [min(d + (1.0 if d == 0 else extra), d_max) if variable_length else d_max
                for d in lengths]

@@ -502,7 +502,9 @@ def _parse(argv) -> argparse.Namespace:
                   "data)")
   pl.add_argument("--calibration-prompts", type=int, default=16)
   pl.add_argument("--max-new-tokens", type=int, default=64)
-  pl.add_argument("--context", type=int, default=256, help="cache fill for the verify timing")
+  pl.add_argument("--context", type=int, default=256,
+                  help="cache fill (prompt padding) for the verify, draft and round timings: near "
+                  "the length of the prompts you will decode")
   pl.add_argument("--repeats", type=int, default=7, help="timing rounds")
   pl.add_argument("--json", required=True, help="write the plan here")
   pl.add_argument("--plot", default=None, help="write the Pareto plot (PNG) here")

@@ -66,10 +66,10 @@ def measure_roofline(repeats: int = 5) -> dict:
 
 
 def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_new_tokens: int,
-                    repeats: int, t1: dict[int, float], options: dict | None = None,
-                    log=print) -> cm.DrafterProfile:
+                    repeats: int, t1: dict[int, float], context: int = 0,
+                    options: dict | None = None, log=print) -> cm.DrafterProfile:
   """Acceptance at D_max = max(lengths) on the calibration prompts, and the draft cost at every
-  (B, D) relative to the plain step t1[B]."""
+  (B, D) relative to the plain step t1[B], with the prompts padded to `context` tokens."""
   from jspec.config import SpeculativeConfig
   from jspec.spec_decode import SpecDecoder
 
@@ -98,18 +98,21 @@ def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_n
     sd = decoder(d)
     for b in batch_sizes:
       ids = [prompts[j % len(prompts)] for j in range(b)]
-      state, sampling = sd.prefill(ids, max_new_tokens=max_new_tokens, pad_to=_pad(prompts))
+      state, sampling = sd.prefill(ids, max_new_tokens=max_new_tokens,
+                                   pad_to=_pad(prompts, context))
       draft.setdefault(b, {})[d] = time_draft(sd, state, sampling, repeats=repeats) / t1[b]
     log(f"{method}: draft D={d} timed")
   return cm.DrafterProfile(method.replace("-", "_"), reach, draft, acceptance=acceptance)
 
 
 def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_new_tokens: int,
-                   repeats: int, options: dict | None = None,
+                   repeats: int, context: int = 0, options: dict | None = None,
                    log=print) -> dict[int, dict[int, float]]:
   """B -> {D: seconds per adaptive round forced to verify D / seconds per plain decode step}, for
   D in {0} + lengths (D = 0: per step of the plain round): one compiled program per B (the forced choice is a parameter), plain
-  decoding interleaved with the rounds, medians of `repeats`."""
+  decoding interleaved with the rounds, medians of `repeats`. The prompts are padded to `context`
+  tokens (bucketed), the cache fill the verify timings use: a round's own work is a fixed time, so
+  its cost in plain steps grows as the step gets cheaper with a shorter context."""
   from jspec.decode import Decoder
   from jspec.spec_decode import SpecDecoder
 
@@ -123,7 +126,7 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
       jnp.arange(len(lengths)) == k, 1.0, 1e3) * jnp.ones_like(base.cost))
       for k, d in enumerate(lengths)}
   plain = Decoder(loaded.model)
-  pad = _pad(prompts)
+  pad = _pad(prompts, context)
   out: dict[int, dict[int, float]] = {}
   for b in batch_sizes:
     ids = [prompts[j % len(prompts)] for j in range(b)]
@@ -159,9 +162,9 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
   return out
 
 
-def _pad(prompts) -> int:
+def _pad(prompts, context: int = 0) -> int:
   from jspec.decode import bucket
-  return bucket(max(len(p) for p in prompts))
+  return bucket(max([len(p) for p in prompts] + [context]))
 
 
 def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompts, max_new_tokens=64,
@@ -178,10 +181,10 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
   for m in drafters:
     opts = (drafter_options or {}).get(m)
     prof = measure_drafter(loaded, m, lengths, batch_sizes, prompts, max_new_tokens=max_new_tokens,
-                           repeats=repeats, t1=t1, options=opts, log=log)
+                           repeats=repeats, t1=t1, context=context, options=opts, log=log)
     rounds = measure_rounds(loaded, m, lengths, batch_sizes, prompts,
                             max_new_tokens=max_new_tokens, repeats=max(5, repeats - 2),
-                            options=opts, log=log)
+                            context=context, options=opts, log=log)
     profiles.append(dataclasses.replace(prof, round=rounds))
   ranking = cm.rank(verify, profiles, [0] + lengths)
   sched = cm.schedule(ranking)

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles, engine
 from jspec.adaptive import (AdaptiveDrafter, CostTable, choose_length, expected_lengths,
-                            monotone, update_estimates)
+                            fit_round_costs, update_estimates)
 from models import Llama, LlamaConfig
 
 CFG = LlamaConfig.tiny()
@@ -38,20 +38,25 @@ def test_cost_table_interpolates_and_adds_the_draft():
   assert t.round_costs(1, (0, 1, 3), 3, variable_length=True) == pytest.approx([1.1, 1.3, 2.1])
   assert t.round_costs(1, (0, 1, 3), 3, variable_length=True, explore_every=4) == \
       pytest.approx([1.1, 1.325, 2.1])
-  # measured whole rounds replace verify + draft (per B row, interpolated over D)
+  # measured whole rounds replace verify + draft (per B row: a line in D through the D >= 1 points)
   r = CostTable(t.verify, t.draft, round={1: {0: 1.1, 2: 1.5, 4: 2.3}, 8: {0: 1.2, 4: 3.0}})
-  assert r.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.1, 1.3, 1.9])
-  assert r.round_costs(8, (0, 2), 3) == pytest.approx([1.2, 2.1])
+  assert r.round_costs(1, (0, 1, 3), 3) == pytest.approx([1.1, 1.1, 1.9])
+  assert r.round_costs(8, (0, 2), 3) == pytest.approx([1.2, 3.0])
   # a plain round of 4 steps: the D = 0 entry is per step (measured), or 4 plain forwards + draft
-  assert r.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.4, 1.3, 1.9])
+  assert r.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.4, 1.1, 1.9])
   assert t.round_costs(1, (0, 1, 3), 3, plain=4) == pytest.approx([4.3, 1.5, 2.1])
   assert CostTable.from_dict(r.to_dict()) == r
-  # measured round costs that dip with D (timing noise) are pooled into a non-decreasing fit
-  assert monotone({0: 1.05, 1: 1.42, 2: 1.41, 3: 1.46, 7: 1.4}) == pytest.approx(
-      {0: 1.05, 1: 1.415, 2: 1.415, 3: 1.43, 7: 1.43})
-  assert monotone({0: 0.9, 1: 1.3, 2: 1.2, 3: 1.1}) == pytest.approx({0: 0.9, 1: 1.2, 2: 1.2, 3: 1.2})
+  # measured round costs are replaced by their least-squares line in D (slope >= 0), by hand:
+  # x = 1, 2, 3, y = 1.3, 1.2, 1.7: slope 0.4 / 2 = 0.2, intercept 1.4 - 0.4 = 1.0
+  assert fit_round_costs({0: 0.9, 1: 1.3, 2: 1.2, 3: 1.7}) == pytest.approx(
+      {0: 0.9, 1: 1.2, 2: 1.4, 3: 1.6})
+  # a falling line is flattened to the mean (1.4225); a single D >= 1 point is kept
+  assert fit_round_costs({0: 1.05, 1: 1.42, 2: 1.41, 3: 1.46, 7: 1.4}) == pytest.approx(
+      {0: 1.05, 1: 1.4225, 2: 1.4225, 3: 1.4225, 7: 1.4225})
+  assert fit_round_costs({0: 1.0, 3: 1.7}) == {0: 1.0, 3: 1.7}
+  # a dip (D = 2 below D = 1) no longer makes D = 2 the cheaper length: 1.41 < 1.43 < 1.45
   dip = CostTable(t.verify, round={1: {0: 1.0, 1: 1.42, 2: 1.41, 3: 1.46}})
-  assert dip.round_costs(1, (0, 1, 2, 3), 3) == pytest.approx([1.0, 1.415, 1.415, 1.46])
+  assert dip.round_costs(1, (0, 1, 2, 3), 3) == pytest.approx([1.0, 1.41, 1.43, 1.45])
   with pytest.raises(ValueError, match="bad round cost entry"):
     CostTable(t.verify, round={1: {0: 0.0}})
   assert CostTable.from_dict(t.to_dict()) == t
