@@ -57,13 +57,14 @@ DEFAULT_VERIFY_COST = {
     "gpu": {1: {1: 1.0, 8: 1.05, 16: 1.10}},
 }
 # The whole adaptive round verifying D, per plain decode step (D = 0: per step of the 4-step plain
-# round), on the project's CPUs (benchmarks/plan_cpu.json, `jspec plan`). Other drafters use
-# n-gram's row; no GPU rounds are measured yet.
+# round), on the project's CPUs at a 512-token padding (benchmarks/plan_cpu.json, `jspec plan
+# --context 512`; fit by `fit_round_costs` where read). Other drafters use n-gram's row; no GPU
+# rounds are measured yet.
 DEFAULT_ROUND_COST = {
-    "cpu": {"ngram": {1: {0: 1.00, 1: 1.06, 2: 1.12, 3: 1.19, 5: 1.38, 7: 1.50},
-                      4: {0: 1.02, 1: 1.18, 2: 1.37, 3: 1.55, 5: 2.05, 7: 2.45}},
-            "eagle3": {1: {0: 1.03, 1: 1.26, 2: 1.34, 3: 1.43, 5: 1.77, 7: 1.90},
-                       4: {0: 1.04, 1: 1.53, 2: 1.91, 3: 2.24, 5: 3.10, 7: 3.75}}},
+    "cpu": {"ngram": {1: {0: 0.92, 1: 1.09, 2: 1.17, 3: 1.19, 5: 1.18, 7: 1.31},
+                      4: {0: 1.11, 1: 1.24, 2: 1.47, 3: 1.65, 5: 2.21, 7: 2.75}},
+            "eagle3": {1: {0: 0.99, 1: 1.39, 2: 1.41, 3: 1.55, 5: 1.51, 7: 1.74},
+                       4: {0: 1.11, 1: 1.36, 2: 1.89, 3: 2.28, 5: 3.24, 7: 4.13}}},
 }
 
 
