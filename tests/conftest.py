@@ -2,14 +2,36 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 import types
 
 import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def _compilation_cache() -> None:
+  """One persistent XLA compilation cache for the run, shared through the environment with the
+  processes tests start (CLI runs, the multi-process launcher, notebook kernels): many tests
+  compile the same programs (the default model's plain decoder at the same padding, tiny-model
+  rounds), in other modules or processes, after the compiled programs were dropped (below). A
+  fresh folder per run, removed at exit, unless JAX_COMPILATION_CACHE_DIR is set already."""
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    folder = tempfile.mkdtemp(prefix="jspec-test-xla-cache-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+  jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                    float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+_compilation_cache()
 
 
 def _free_compiled() -> None:

@@ -94,14 +94,15 @@ def measure_drafter(loaded, method: str, lengths, batch_sizes, prompts, *, max_n
   log(f"{method}: AL(D={d_max}) = {1 + sum(reach):.2f} on {len(prompts)} calibration prompts; "
       f"acceptance when proposed " + ", ".join(f"{a:.2f}" for a in acceptance))
   draft = {}
-  for d in sorted(x for x in lengths if x > 0):
-    sd = decoder(d)
+  for d in sorted((x for x in lengths if x > 0), reverse=True):
+    sd = sd if d == d_max else decoder(d)     # D_max (first) reuses the acceptance decoder
     for b in batch_sizes:
       ids = [prompts[j % len(prompts)] for j in range(b)]
       state, sampling = sd.prefill(ids, max_new_tokens=max_new_tokens,
                                    pad_to=_pad(prompts, context))
       draft.setdefault(b, {})[d] = time_draft(sd, state, sampling, repeats=repeats) / t1[b]
     log(f"{method}: draft D={d} timed")
+  draft = {b: dict(sorted(row.items())) for b, row in draft.items()}
   return cm.DrafterProfile(method.replace("-", "_"), reach, draft, acceptance=acceptance)
 
 
@@ -170,7 +171,9 @@ def _pad(prompts, context: int = 0) -> int:
 def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompts, max_new_tokens=64,
         repeats: int = 7, context: int = 256, drafter_options: dict | None = None,
         log=print) -> dict:
-  """The plan: measured tables, the ranking per batch size, the schedule and the guidelines."""
+  """The plan: measured tables, the ranking per batch size, the schedule and the guidelines.
+  `repeats` times each forward and draft; the whole rounds, each a generate call, take
+  min(repeats, max(5, repeats - 2))."""
   lengths = sorted(set(lengths))
   tokens = sorted({1} | {1 + d for d in lengths})
   roof = measure_roofline()
@@ -183,7 +186,8 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
     prof = measure_drafter(loaded, m, lengths, batch_sizes, prompts, max_new_tokens=max_new_tokens,
                            repeats=repeats, t1=t1, context=context, options=opts, log=log)
     rounds = measure_rounds(loaded, m, lengths, batch_sizes, prompts,
-                            max_new_tokens=max_new_tokens, repeats=max(5, repeats - 2),
+                            max_new_tokens=max_new_tokens,
+                            repeats=min(repeats, max(5, repeats - 2)),
                             context=context, options=opts, log=log)
     profiles.append(dataclasses.replace(prof, round=rounds))
   ranking = cm.rank(verify, profiles, [0] + lengths)

@@ -287,3 +287,24 @@ def test_ctrl_c_during_bench(tmp_path):
   assert stdout == ""
   assert sorted(os.listdir(out)) == ["plots", "r.json"] and os.listdir(out / "plots") == []
   assert (out / "r.json").read_text() == "older report"
+
+
+def test_generate_times_warm_runs_and_the_suffix_cache_starts_empty(tiny_loaded, monkeypatch,
+                                                                    capsys):
+  """With a drafter, each decoder runs once untimed before its timed run, and the timed run's
+  suffix drafter has forgotten the warm-up's reply: its acceptance is a fresh decoder's."""
+  from jspec.spec_decode import SpecDecoder
+  monkeypatch.setattr(cli, "_load", lambda name: tiny_loaded)
+  real, calls = SpecDecoder.generate, []
+  monkeypatch.setattr(SpecDecoder, "generate",
+                      lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+  prompt = "abc abc abc abc abc"
+  cli.main(["generate", prompt, "--raw", "--max-new-tokens", "24", "--json", "--drafter",
+            "suffix"])
+  record = json.loads(capsys.readouterr().out)
+  assert len(calls) == 2
+  tok = tiny_loaded.tokenizer
+  fresh = real(SpecDecoder(tiny_loaded.model, {"method": "suffix", "num_speculative_tokens": 3},
+                           eos_ids=tok.eos_ids), [tok.encode(prompt)], max_new_tokens=24)
+  assert record["token_ids"] == fresh.token_ids[0]
+  assert record["acceptance_length"] == pytest.approx(fresh.acceptance_length)

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, count_compiles
+from jspec.adaptive import CostTable
 from jspec.confidence import (default_widths, fit_temperatures, prefix_lengths, read_calibration,
                               save_calibration)
 from models import Llama, LlamaConfig
@@ -109,8 +110,13 @@ def scheduled():
                               mask_token_id=3, markov_rank=8)
   module.confidence_head.kernel[...] = jnp.asarray(
       np.random.default_rng(0).normal(0, 1, module.confidence_head.kernel.shape), jnp.float32)
+  # a fixed cost table, not the measured built-in defaults: prefixes of every length stay
+  # competitive whatever a new measurement on some machine says
+  costs = CostTable({1: {1: 1.0, 2: 1.02, 4: 1.23, 8: 1.40}, 4: {1: 1.0, 2: 1.14, 4: 1.40, 8: 1.84}},
+                    round={1: {0: 1.00, 1: 1.06, 2: 1.12, 3: 1.19, 5: 1.38, 7: 1.50},
+                           4: {0: 1.02, 1: 1.18, 2: 1.37, 3: 1.55, 5: 2.05, 7: 2.45}})
   spec = SpecDecoder(target, {"method": "dspark", "num_speculative_tokens": 6,
-                              "confidence_schedule": True}, draft_model=module)
+                              "confidence_schedule": True}, draft_model=module, cost_table=costs)
   return target, spec
 
 

@@ -62,6 +62,30 @@ def test_compiles_once_for_same_static_shapes(tiny):
   assert first.count >= 2 and second.count == 0
 
 
+def test_count_compiles_counts_persistent_cache_hits():
+  """A program loaded from the persistent compilation cache (tests/conftest.py turns one on) is
+  counted: a recompile served from disk must not pass a no-recompile test."""
+  import jax.numpy as jnp
+  from jax import monitoring
+  if not jax.config.jax_compilation_cache_dir:
+    pytest.skip("no persistent compilation cache configured")
+  hits = []
+  monitoring.register_event_listener(
+      lambda event, **kw: hits.append(event) if event.endswith("/cache_hits") else None)
+  f = lambda x: jnp.tanh(x @ x.T).sum(axis=0) * 3.25
+  x = jnp.ones((48, 48))
+  old = jax.config.jax_persistent_cache_min_compile_time_secs
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  try:
+    jax.jit(f)(x).block_until_ready()         # compiled, and written to the cache
+    jax.clear_caches()
+    with count_compiles() as c:
+      jax.jit(f)(x).block_until_ready()       # loaded from the cache
+  finally:
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", old)
+  assert hits and c.count >= 1
+
+
 def test_max_new_tokens_is_exact_per_row(tiny):
   out = Decoder(tiny).generate(_prompts(4, [4, 8, 2]), max_new_tokens=[3, 7, 1], eos=False)
   assert [len(t) for t in out.token_ids] == [3, 7, 1]
