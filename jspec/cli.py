@@ -83,8 +83,10 @@ def _add_drafter_flags(parser) -> None:
                             help=f"{f.help} [{entry.cli_name}]")
 
 
-def _spec_config(drafter: str, num_draft: int, args):
-  """The SpeculativeConfig for one drafter, with the flags its registry entry declares."""
+def _spec_config(drafter: str, num_draft: int | str | None, args):
+  """The SpeculativeConfig for one drafter, with the flags its registry entry declares; num_draft
+  None (`generate`'s default): "auto" for chains, 3 where the draft is not a chain of lengths the
+  round may cut (see `_default_num_draft`)."""
   from jspec.config import SpeculativeConfig
   from jspec.drafters import registry
 
@@ -100,7 +102,33 @@ def _spec_config(drafter: str, num_draft: int, args):
   cfg.update(over)
   if entry.name == "draft_model" and "draft_model" not in cfg:
     cfg["draft_model"] = args.model      # the target as its own draft
+  if num_draft is None:
+    cfg["num_speculative_tokens"] = _default_num_draft(SpeculativeConfig.from_dict(
+        {**cfg, "num_speculative_tokens": 3}))
   return SpeculativeConfig.from_dict(cfg)
+
+
+def _default_num_draft(config) -> int | str:
+  """`generate`'s default draft length: "auto" (the adaptive length), except a fixed 3 for trees
+  (num_speculative_tokens is their node budget), DSpark's confidence schedule (it picks its own
+  verify widths) and Medusa (one draft per head: the shipped head has 4, fewer than auto's 7)."""
+  opts = config.options
+  if (getattr(opts, "tree_top_k", 0) or getattr(opts, "tree_choices", None)
+      or getattr(opts, "confidence_schedule", False) or config.method == "medusa"):
+    return 3
+  return "auto"
+
+
+def _compilation_cache() -> None:
+  """Compiled programs persist in $JSPEC_CACHE/xla, so that a later run of the same command skips
+  XLA's compilation (tracing remains: the adaptive round's 29-34 s compile became 16 s on the
+  project's CPU). JAX_COMPILATION_CACHE_DIR, when set, wins (empty: no cache)."""
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return
+  import jax
+  from models.fetch import cache_dir
+  jax.config.update("jax_compilation_cache_dir", os.path.join(cache_dir(), "xla"))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def cmd_generate(args) -> None:
@@ -126,7 +154,7 @@ def cmd_generate(args) -> None:
       args.drafter, args.num_draft = drafter.replace("_", "-"), str(d)
   try:   # validate everything cheap before loading a model
     SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
-    num_draft, = _draft_lengths(args.num_draft)
+    num_draft, = _draft_lengths(args.num_draft) if args.num_draft is not None else (None,)
     spec = _spec_config(args.drafter, num_draft, args) if args.drafter != "none" else None
     if args.plan and spec is not None:
       from jspec.adaptive import CostTable
@@ -390,6 +418,7 @@ def main(argv=None) -> None:
     _watch_sigint(current)
   try:
     args = current[0] = _parse(argv)
+    _compilation_cache()
     if argv is None:   # one of several processes (`python -m jspec.launch`): join the others
       from jspec.sharding import initialize_from_env
       try:
@@ -445,10 +474,10 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--json", action="store_true", help="print one JSON object")
   g.add_argument("--drafter", default="none", choices=["none"] + _drafter_names(),
                  help="speculative drafter; with one, plain decoding also runs for the speedup")
-  g.add_argument("--num-draft", default="3",
-                 help="draft tokens per round (D), or 'auto': each round verifies 0-7 drafts, "
-                 "chosen from the acceptance so far and the measured round costs (not the "
-                 "default: it trails the best fixed D with EAGLE-3, benchmarks/REPORT.md)")
+  g.add_argument("--num-draft", default=None,
+                 help="draft tokens per round (D), or 'auto' (the default for chains): each round "
+                 "verifies 0-7 drafts, chosen from the acceptance so far and the measured round "
+                 "costs; trees, DSpark's confidence schedule and Medusa default to 3")
   g.add_argument("--prediction", default=None, metavar="FILE",
                  help="text file with the expected output (e.g. the code being edited): "
                  "speculate from it (predicted outputs; implies --drafter prediction)")

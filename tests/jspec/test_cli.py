@@ -300,7 +300,7 @@ def test_generate_times_warm_runs_and_the_suffix_cache_starts_empty(tiny_loaded,
                       lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
   prompt = "abc abc abc abc abc"
   cli.main(["generate", prompt, "--raw", "--max-new-tokens", "24", "--json", "--drafter",
-            "suffix"])
+            "suffix", "--num-draft", "3"])
   record = json.loads(capsys.readouterr().out)
   assert len(calls) == 2
   tok = tiny_loaded.tokenizer
@@ -308,3 +308,37 @@ def test_generate_times_warm_runs_and_the_suffix_cache_starts_empty(tiny_loaded,
                            eos_ids=tok.eos_ids), [tok.encode(prompt)], max_new_tokens=24)
   assert record["token_ids"] == fresh.token_ids[0]
   assert record["acceptance_length"] == pytest.approx(fresh.acceptance_length)
+
+
+@pytest.mark.parametrize("drafter, want", [
+    ("ngram", "auto"), ("eagle3", "auto"), ("draft-model", "auto"), ("medusa", 3),
+    ("eagle3:tree_top_k=3:tree_depth=4", 3), ("mtp:tree_top_k=2:tree_depth=3", 3),
+    ("medusa:tree_choices=auto", 3), ("dspark:confidence_schedule=true", 3)])
+def test_generate_defaults_to_auto_for_chains(drafter, want):
+  """`generate --num-draft` unset: the adaptive length where the round may cut the chain, a fixed 3
+  for trees (a node budget), DSpark's confidence schedule and Medusa (one draft per head); a given
+  --num-draft is kept."""
+  args = cli._parse(["generate", "hi", "--drafter", drafter.split(":")[0]])
+  cfg = cli._spec_config(drafter, None, args)
+  assert cfg.num_speculative_tokens == want
+  assert cfg.adaptive == (want == "auto")
+  assert cli._spec_config(drafter, 2, args).num_speculative_tokens == 2
+
+
+def test_compiled_programs_persist_in_the_jspec_cache(monkeypatch, tmp_path):
+  """The CLI keeps XLA's compiled programs in $JSPEC_CACHE/xla unless JAX_COMPILATION_CACHE_DIR is
+  set (the tests set it: their per-run cache stays)."""
+  import jax
+  before = (jax.config.jax_compilation_cache_dir,
+            jax.config.jax_persistent_cache_min_compile_time_secs)
+  try:
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/elsewhere")
+    cli._compilation_cache()
+    assert jax.config.jax_compilation_cache_dir == before[0]
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+    monkeypatch.setenv("JSPEC_CACHE", str(tmp_path))
+    cli._compilation_cache()
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+  finally:
+    jax.config.update("jax_compilation_cache_dir", before[0])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])

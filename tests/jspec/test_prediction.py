@@ -181,6 +181,7 @@ def test_cli_prediction_file_turns_it_on(tiny, tiny_loaded_factory, tmp_path, mo
             "--json"])
   record = json.loads(capsys.readouterr().out)
   assert record["drafter"] == "prediction" and record["same_as_baseline"]
+  assert record["num_draft"] == "auto"          # the CLI's default for a chain drafter
   assert 1 <= record["num_tokens"] <= 12 and record["acceptance_length"] >= 1.0
 
 
