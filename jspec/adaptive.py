@@ -25,11 +25,13 @@ token equal to the next draft token counts as that position's outcome, which is 
 keeps learning a_1; for a drafter that samples its drafts this undercounts a little). The estimates
 start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`: measured
 over the rounds that proposed each position, as the estimates are, so that an n-gram drafter's
-rounds without a match do not pull it down), else 0.5. cost_k is the measured cost of a whole round verifying D_k in plain decode steps (`CostTable.
-round`, from `jspec plan` or the built-in CPU defaults below), or where no round was measured
-(T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) (m T_verif(B, 1) for the plain round). The choice depends on the
-committed context and earlier rounds only, never on this round's verification, so each round is an
-ordinary rejection-sampling round over a chain of D_k drafts: lossless for every choice.
+rounds without a match do not pull it down), else 0.5. cost_k is the measured cost of a whole
+round verifying D_k in plain decode steps at the prompts' padding (`CostTable.round` / `round_at`,
+from `jspec plan` or the built-in CPU defaults below), or where no round was measured
+(T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) (m T_verif(B, 1) for the plain
+round). The choice depends on the committed context and earlier rounds only, never on this round's
+verification, so each round is an ordinary rejection-sampling round over a chain of D_k drafts:
+lossless for every choice.
 """
 
 from __future__ import annotations
@@ -57,14 +59,14 @@ DEFAULT_VERIFY_COST = {
     "gpu": {1: {1: 1.0, 8: 1.05, 16: 1.10}},
 }
 # The whole adaptive round verifying D, per plain decode step (D = 0: per step of the 4-step plain
-# round), on the project's CPUs at a 512-token padding (benchmarks/plan_cpu.json, `jspec plan
-# --context 512`; fit by `fit_round_costs` where read). Other drafters use n-gram's row; no GPU
-# rounds are measured yet.
+# round), on the project's CPUs, per prompt padding (benchmarks/plan_cpu.json, `jspec plan
+# --context 128,512`; fit by `fit_round_costs` where read): padding -> B -> D -> cost. Other
+# drafters use n-gram's rows; no GPU rounds are measured yet.
 DEFAULT_ROUND_COST = {
-    "cpu": {"ngram": {1: {0: 0.92, 1: 1.09, 2: 1.17, 3: 1.19, 5: 1.18, 7: 1.31},
-                      4: {0: 1.11, 1: 1.24, 2: 1.47, 3: 1.65, 5: 2.21, 7: 2.75}},
-            "eagle3": {1: {0: 0.99, 1: 1.39, 2: 1.41, 3: 1.55, 5: 1.51, 7: 1.74},
-                       4: {0: 1.11, 1: 1.36, 2: 1.89, 3: 2.28, 5: 3.24, 7: 4.13}}},
+    "cpu": {"ngram": {512: {1: {0: 0.92, 1: 1.09, 2: 1.17, 3: 1.19, 5: 1.18, 7: 1.31},
+                            4: {0: 1.11, 1: 1.24, 2: 1.47, 3: 1.65, 5: 2.21, 7: 2.75}}},
+            "eagle3": {512: {1: {0: 0.99, 1: 1.39, 2: 1.41, 3: 1.55, 5: 1.51, 7: 1.74},
+                             4: {0: 1.11, 1: 1.36, 2: 1.89, 3: 2.28, 5: 3.24, 7: 4.13}}}},
 }
 
 
@@ -107,12 +109,19 @@ class CostTable:
   instead of verify + draft: it holds what the forward timings miss (acceptance, commit, the
   drafter's per-round upkeep, so that D = 0 costs more than a plain step for EAGLE-3). The D = 0
   entry is per token of the plain round (seconds per plain round / its steps / seconds per plain
-  decode step), so that tables measured with any number of plain steps per round compare."""
+  decode step), so that tables measured with any number of plain steps per round compare.
+
+  A round's own work takes about the same time at any context while a plain step costs more over a
+  longer cache, so its cost in steps falls as the prompt padding grows. `round_at` holds round
+  tables measured at several paddings ({padding: {B: {D: cost}}}, `jspec plan --context 128,512`);
+  a decoder then prices its rounds at its own prompt padding, linear in log2(padding) between the
+  measured ones and clamped outside them. `round` is the table at the largest padding."""
   verify: dict[int, dict[int, float]]
   draft: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
   source: str = ""
   acceptance: tuple[float, ...] = ()
   round: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
+  round_at: dict[int, dict[int, dict[int, float]]] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     if not self.verify or any(not v for v in self.verify.values()):
@@ -121,11 +130,16 @@ class CostTable:
       for t, c in row.items():
         if not (int(b) >= 1 and int(t) >= 1 and float(c) > 0):
           raise ValueError(f"bad verify cost entry B={b}, T={t}: {c} (need B, T >= 1, cost > 0)")
-    for b, row in self.round.items():
-      for d, c in row.items():
-        if not (int(b) >= 1 and int(d) >= 0 and float(c) > 0):
-          raise ValueError(f"bad round cost entry B={b}, D={d}: {c} (need B >= 1, D >= 0, "
-                           "cost > 0)")
+    for pad, table in [(None, self.round)] + list(self.round_at.items()):
+      if pad is not None and not (int(pad) >= 1 and table):
+        raise ValueError(f"bad round cost padding {pad!r}: need a padding >= 1 with a table")
+      for b, row in table.items():
+        for d, c in row.items():
+          if not (int(b) >= 1 and int(d) >= 0 and float(c) > 0):
+            raise ValueError(f"bad round cost entry B={b}, D={d}: {c} (need B >= 1, D >= 0, "
+                             "cost > 0)")
+    if self.round_at and not self.round:
+      object.__setattr__(self, "round", self.round_at[max(self.round_at)])
     if not all(0.0 <= float(a) <= 1.0 for a in self.acceptance):
       raise ValueError(f"acceptance probabilities must lie in [0, 1], got {self.acceptance}")
 
@@ -144,37 +158,54 @@ class CostTable:
     row = self._row(self.draft, b)
     return 0.0 if row is None or d == 0 else max(_interp(row, d), 0.0)
 
+  @property
+  def paddings(self) -> tuple[int, ...]:
+    """The prompt paddings the round costs were measured at (none: one table for all)."""
+    return tuple(sorted(self.round_at))
+
   def round_costs(self, b: int, lengths: tuple[int, ...], d_max: int,
                   variable_length: bool = False, plain: int = 1,
-                  explore_every: int = 0) -> list[float]:
+                  explore_every: int = 0, padding: int | None = None) -> list[float]:
     """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
-    the table has it (a line in D, `fit_round_costs`), else verify + draft after drafting d_max tokens, or (variable_length)
-    lengths[k] drafts plus one in every `explore_every`-th round (one in a plain round). A plain
-    round (lengths[k] = 0) runs `plain` steps."""
+    the table has it (a line in D, `fit_round_costs`; at `padding` where `round_at` has tables),
+    else verify + draft after drafting d_max tokens, or (variable_length) lengths[k] drafts plus
+    one in every `explore_every`-th round (one in a plain round). A plain round (lengths[k] = 0)
+    runs `plain` steps."""
     steps = [plain if d == 0 else 1 for d in lengths]
+    if self.round_at and padding is not None:
+      pads = self.paddings
+      per = np.asarray([self._round_costs(self.round_at[p], b, lengths, steps) for p in pads])
+      x = np.log2(max(int(padding), 1))
+      return [float(np.interp(x, np.log2(pads), per[:, k])) for k in range(len(lengths))]
     if self.round:
-      row = fit_round_costs(self._row(self.round, b))
-      spec = {d: c for d, c in row.items() if d >= 1} or row     # the line, for D >= 1
-      cost = lambda d: row[d] if d in row else _interp(spec if d >= 1 else row, d)
-      return [max(cost(d), 1e-3) * m for d, m in zip(lengths, steps)]
+      return self._round_costs(self.round, b, lengths, steps)
     extra = 1.0 / explore_every if explore_every else 0.0
     drafted = [min(d + (1.0 if d == 0 else extra), d_max) if variable_length else d_max
                for d in lengths]
     return [m * self.verify_cost(b, 1 + d) + self.draft_cost(b, n)
             for d, n, m in zip(lengths, drafted, steps)]
 
+  def _round_costs(self, table, b, lengths, steps) -> list[float]:
+    row = fit_round_costs(self._row(table, b))
+    spec = {d: c for d, c in row.items() if d >= 1} or row     # the line, for D >= 1
+    cost = lambda d: row[d] if d in row else _interp(spec if d >= 1 else row, d)
+    return [max(cost(d), 1e-3) * m for d, m in zip(lengths, steps)]
+
   @classmethod
   def default(cls, backend: str | None = None, method: str | None = None) -> "CostTable":
     backend = backend or jax.default_backend()
     table = DEFAULT_VERIFY_COST.get(backend, DEFAULT_VERIFY_COST["gpu"])
     rounds = DEFAULT_ROUND_COST.get(backend, {})
-    return cls(verify=table, round=rounds.get(method, rounds.get("ngram", {})),
+    return cls(verify=table, round_at=rounds.get(method, rounds.get("ngram", {})),
                source=f"built-in defaults for {backend}")
 
   def to_dict(self) -> dict:
     conv = lambda t: {str(b): {str(k): c for k, c in r.items()} for b, r in t.items()}
-    return dict(verify=conv(self.verify), draft=conv(self.draft), round=conv(self.round),
-                acceptance=list(self.acceptance), source=self.source)
+    out = dict(verify=conv(self.verify), draft=conv(self.draft), round=conv(self.round),
+               acceptance=list(self.acceptance), source=self.source)
+    if self.round_at:
+      out["round_at"] = {str(p): conv(t) for p, t in self.round_at.items()}
+    return out
 
   @classmethod
   def from_dict(cls, d: dict) -> "CostTable":
@@ -182,7 +213,8 @@ class CostTable:
       conv = lambda t: {int(b): {int(k): float(v) for k, v in r.items()} for b, r in t.items()}
       return cls(verify=conv(d["verify"]), draft=conv(d.get("draft", {})),
                  round=conv(d.get("round", {})), source=d.get("source", ""),
-                 acceptance=tuple(float(a) for a in d.get("acceptance", ())))
+                 acceptance=tuple(float(a) for a in d.get("acceptance", ())),
+                 round_at={int(p): conv(t) for p, t in d.get("round_at", {}).items()})
     except (KeyError, TypeError, ValueError, AttributeError) as e:
       raise ValueError(f"not a cost table ({e}); expected {{'verify': {{B: {{T: cost}}}}, "
                        "'draft': {B: {D: cost}}}, as `jspec plan` writes") from None
@@ -219,8 +251,10 @@ def validate_lengths(lengths, d_max: int | None = None) -> tuple[int, ...]:
 @dataclasses.dataclass(frozen=True)
 class AdaptiveParams:
   inner: Any
-  cost: jax.Array          # [len(batch_sizes), len(lengths)] round cost per compiled length
+  cost: jax.Array          # [P, len(batch_sizes), len(lengths)] round cost per compiled length,
+                           # at each of P measured prompt paddings
   prior: jax.Array         # [D_max] starting estimates of the conditional acceptance
+  log_padding: jax.Array   # [P] log2 of those paddings (one 0: the same costs at any padding)
 
 
 @jax.tree_util.register_dataclass
@@ -230,6 +264,7 @@ class AdaptiveState:
   est: jax.Array           # [B, D_max] per-row conditional acceptance estimates
   chosen: jax.Array        # [len(lengths)] rounds that verified each length
   last: jax.Array          # [] the index into lengths of the last round's width
+  mix: jax.Array           # [P] weights of params.cost's paddings at this call's prompt padding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,22 +331,23 @@ class AdaptiveDrafter:
         params, inner=hook(params.inner, prompts, outputs))
 
   def make_params(self, inner_params, costs: CostTable) -> AdaptiveParams:
-    rows = [costs.round_costs(b, self.lengths, self.num_draft, self.choose_before_drafting,
-                              self.plain_block, self.explore_every) for b in self.batch_sizes]
     known = list(costs.acceptance[:self.num_draft])
     prior = known + [known[-1] if known else self.prior] * (self.num_draft - len(known))
-    return AdaptiveParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)),
-                          jnp.asarray(prior, jnp.float32))
+    cost, log_padding = cost_tensor(costs, self.batch_sizes, self.lengths, self.num_draft,
+                                    self.choose_before_drafting, self.plain_block,
+                                    self.explore_every)
+    return AdaptiveParams(inner_params, cost, jnp.asarray(prior, jnp.float32), log_padding)
 
   def _cost_row(self, b: int) -> int:
     below = [i for i, s in enumerate(self.batch_sizes) if s <= b]
     return below[-1] if below else 0
 
   def init_state(self, params: AdaptiveParams, prompt, ctx, max_len: int) -> AdaptiveState:
-    b = prompt.shape[0]
+    b, width = prompt.shape
     return AdaptiveState(self.inner.init_state(params.inner, prompt, ctx, max_len),
                          jnp.broadcast_to(params.prior, (b, self.num_draft)),
-                         jnp.zeros((len(self.lengths),), jnp.int32), jnp.zeros((), jnp.int32))
+                         jnp.zeros((len(self.lengths),), jnp.int32), jnp.zeros((), jnp.int32),
+                         padding_weights(params.log_padding, width))
 
   def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key, num=None):
     extra = {} if num is None else {"num": num}
@@ -340,7 +376,7 @@ class AdaptiveDrafter:
              live: jax.Array) -> jax.Array:
     """The index into `lengths` this round verifies (from earlier rounds and this draft only)."""
     b, d = state.est.shape
-    cost = params.cost[self._cost_row(b)]
+    cost = cost_at(params.cost, state.mix)[self._cost_row(b)]
     return choose_length(state.est, draft_len, live, self.lengths, cost, self.plain_block)
 
   def observe(self, state: AdaptiveState, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
@@ -350,6 +386,29 @@ class AdaptiveDrafter:
     est = update_estimates(state.est, width, n_acc, emitted, draft_tokens, draft_len, live,
                            self.decay)
     return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1), last=k)
+
+
+def cost_tensor(costs: CostTable, batch_sizes, lengths, d_max: int, *args):
+  """([P, len(batch_sizes), len(lengths)] round costs at each padding the table measured, [P] the
+  paddings' log2); one entry (log2 0) where the costs do not depend on the padding. `args`:
+  CostTable.round_costs' variable_length, plain, explore_every."""
+  pads = costs.paddings or (None,)
+  cost = [[costs.round_costs(b, lengths, d_max, *args, padding=p) for b in batch_sizes]
+          for p in pads]
+  log = [0.0] if pads == (None,) else [float(np.log2(p)) for p in pads]
+  return jnp.asarray(np.asarray(cost, np.float32)), jnp.asarray(log, jnp.float32)
+
+
+def padding_weights(log_padding: jax.Array, width: int) -> jax.Array:
+  """[P]: the weights of the measured paddings' costs at a prompt padded to `width` tokens, linear
+  in log2(width) between them and clamped outside (CostTable.round_costs' rule, in the round)."""
+  x = jnp.log2(jnp.float32(width))
+  return jax.vmap(lambda e: jnp.interp(x, log_padding, e))(jnp.eye(log_padding.shape[0]))
+
+
+def cost_at(cost: jax.Array, mix: jax.Array) -> jax.Array:
+  """[rows, K]: the [P, rows, K] costs mixed by `padding_weights`."""
+  return jnp.tensordot(mix, cost, axes=1)
 
 
 def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, ...],

@@ -346,7 +346,8 @@ def cmd_plan(args) -> None:
 
   batch_sizes = _ints(args.batch_sizes, "--batch-sizes")
   lengths = _ints(args.num_draft, "--num-draft")
-  _at_least_1(args, "--max-new-tokens", "--repeats", "--calibration-prompts", "--context")
+  _at_least_1(args, "--max-new-tokens", "--repeats", "--calibration-prompts")
+  contexts = _ints(args.context, "--context")
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:
     if not drafters:
@@ -366,7 +367,7 @@ def cmd_plan(args) -> None:
   ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
   report = measure.run(loaded, drafters, batch_sizes=batch_sizes, lengths=lengths, prompts=ids,
                        max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                       context=args.context, drafter_options=options,
+                       context=contexts, drafter_options=options,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
   report["command"] = "jspec plan " + " ".join(args.argv)
   failed = []
@@ -538,9 +539,11 @@ def _parse(argv) -> argparse.Namespace:
                   "data)")
   pl.add_argument("--calibration-prompts", type=int, default=16)
   pl.add_argument("--max-new-tokens", type=int, default=64)
-  pl.add_argument("--context", type=int, default=256,
+  pl.add_argument("--context", default="256",
                   help="cache fill (prompt padding) for the verify, draft and round timings: near "
-                  "the length of the prompts you will decode")
+                  "the length of the prompts you will decode; several (e.g. 128,512): the rounds "
+                  "are timed at each and decoders price them at their own padding, the forwards "
+                  "and drafts at the largest")
   pl.add_argument("--repeats", type=int, default=7, help="timing rounds")
   pl.add_argument("--json", required=True, help="write the plan here")
   pl.add_argument("--plot", default=None, help="write the Pareto plot (PNG) here")

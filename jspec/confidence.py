@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.adaptive import AdaptiveDrafter, CostTable
+from jspec.adaptive import AdaptiveDrafter, CostTable, cost_at, cost_tensor
 
 CALIBRATION = "calibration.json"
 
@@ -128,8 +128,9 @@ def default_widths(d: int) -> tuple[int, ...]:
 @dataclasses.dataclass(frozen=True)
 class ScheduleParams:
   inner: Any
-  cost: jax.Array          # [len(batch_sizes), len(lengths)] round cost per compiled width
+  cost: jax.Array          # [P, len(batch_sizes), len(lengths)] round cost per compiled width
   temperatures: jax.Array  # [D] per-position confidence temperatures
+  log_padding: jax.Array   # [P] as AdaptiveParams'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +144,9 @@ class ConfidenceScheduler(AdaptiveDrafter):
 
   def make_params(self, inner_params, costs: CostTable,
                   temperatures=None) -> ScheduleParams:
-    rows = [costs.round_costs(b, self.lengths, self.num_draft) for b in self.batch_sizes]
+    cost, log_padding = cost_tensor(costs, self.batch_sizes, self.lengths, self.num_draft)
     t = np.ones(self.num_draft, np.float32) if temperatures is None else temperatures
-    return ScheduleParams(inner_params, jnp.asarray(np.asarray(rows, np.float32)),
-                          jnp.asarray(t, jnp.float32))
+    return ScheduleParams(inner_params, cost, jnp.asarray(t, jnp.float32), log_padding)
 
   def init_state(self, params: ScheduleParams, prompt, ctx, max_len: int):
     return super().init_state(_as_adaptive(params, self.num_draft), prompt, ctx, max_len)
@@ -154,7 +154,7 @@ class ConfidenceScheduler(AdaptiveDrafter):
   def propose(self, params: ScheduleParams, state, ctx, key, num=None):
     draft, conf = self.inner.propose_with_confidence(params.inner, state.inner, ctx, key)
     a = survival(conf, params.temperatures)
-    cost = params.cost[self._cost_row(a.shape[0])]
+    cost = cost_at(params.cost, state.mix)[self._cost_row(a.shape[0])]
     length = prefix_lengths(a, self.lengths, cost)
     return dataclasses.replace(draft, length=length), state
 
@@ -167,4 +167,5 @@ class ConfidenceScheduler(AdaptiveDrafter):
 
 def _as_adaptive(params: ScheduleParams, d: int):
   from jspec.adaptive import AdaptiveParams
-  return AdaptiveParams(params.inner, params.cost, jnp.full((d,), 0.5, jnp.float32))
+  return AdaptiveParams(params.inner, params.cost, jnp.full((d,), 0.5, jnp.float32),
+                        params.log_padding)

@@ -157,7 +157,7 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
         times[d].append(spec(d))
     t1 = statistics.median(times["plain"])
     out[b] = {d: statistics.median(times[d]) / t1 for d in lengths}
-    log(f"{method}: rounds at B={b} timed: " + ", ".join(f"D={d} {c:.2f}"
+    log(f"{method}: rounds at B={b}, padding {pad} timed: " + ", ".join(f"D={d} {c:.2f}"
                                                          for d, c in out[b].items()))
   sd.drafter_params = base
   return out
@@ -169,13 +169,18 @@ def _pad(prompts, context: int = 0) -> int:
 
 
 def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompts, max_new_tokens=64,
-        repeats: int = 7, context: int = 256, drafter_options: dict | None = None,
-        log=print) -> dict:
+        repeats: int = 7, context: int | tuple[int, ...] = 256,
+        drafter_options: dict | None = None, log=print) -> dict:
   """The plan: measured tables, the ranking per batch size, the schedule and the guidelines.
   `repeats` times each forward and draft; the whole rounds, each a generate call, take
-  min(repeats, max(5, repeats - 2))."""
+  min(repeats, max(5, repeats - 2)). `context`: the prompt padding of the timings, or several:
+  the forwards and drafts are timed at the largest, the rounds at each (the cost tables'
+  `round_at`, which decoders read at their own padding)."""
   lengths = sorted(set(lengths))
   tokens = sorted({1} | {1 + d for d in lengths})
+  paddings = sorted({_pad(prompts, c) for c in ((context,) if isinstance(context, int)
+                                                 else context)})
+  context = max(context) if not isinstance(context, int) else context
   roof = measure_roofline()
   secs = measure_verify(loaded.model, batch_sizes, tokens, context, repeats, log)
   verify = {b: {t: s / row[1] for t, s in row.items()} for b, row in secs.items()}
@@ -185,21 +190,23 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
     opts = (drafter_options or {}).get(m)
     prof = measure_drafter(loaded, m, lengths, batch_sizes, prompts, max_new_tokens=max_new_tokens,
                            repeats=repeats, t1=t1, context=context, options=opts, log=log)
-    rounds = measure_rounds(loaded, m, lengths, batch_sizes, prompts,
-                            max_new_tokens=max_new_tokens,
-                            repeats=min(repeats, max(5, repeats - 2)),
-                            context=context, options=opts, log=log)
-    profiles.append(dataclasses.replace(prof, round=rounds))
+    rounds = {p: measure_rounds(loaded, m, lengths, batch_sizes, prompts,
+                                max_new_tokens=max_new_tokens,
+                                repeats=min(repeats, max(5, repeats - 2)),
+                                context=p, options=opts, log=log) for p in paddings}
+    profiles.append(dataclasses.replace(prof, round=rounds[paddings[-1]],
+                                        round_at=rounds if len(paddings) > 1 else {}))
   ranking = cm.rank(verify, profiles, [0] + lengths)
   sched = cm.schedule(ranking)
   tables = {p.method: CostTable(verify, p.draft, source="jspec plan",
                                 acceptance=p.acceptance or tuple(
                                     cm.conditional_acceptance(list(p.reach))),
-                                round=p.round).to_dict() for p in profiles}
+                                round=p.round, round_at=p.round_at).to_dict()
+            for p in profiles}
   first = sched[min(sched)]["drafter"]
   return dict(
       backend=jax.default_backend(), device=str(jax.devices()[0]), jax_version=jax.__version__,
-      model=loaded.name, context=context, calibration_prompts=len(prompts),
+      model=loaded.name, context=context, round_paddings=paddings, calibration_prompts=len(prompts),
       max_new_tokens=max_new_tokens, repeats=repeats, roofline=roof,
       verify_ms={str(b): {str(t): 1e3 * s for t, s in row.items()} for b, row in secs.items()},
       drafters={p.method: dict(reach=list(p.reach),
@@ -210,7 +217,10 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
                                draft_cost={str(b): {str(d): c for d, c in r.items()}
                                            for b, r in p.draft.items()},
                                round_cost={str(b): {str(d): c for d, c in r.items()}
-                                           for b, r in p.round.items()})
+                                           for b, r in p.round.items()},
+                               round_cost_at={str(pad): {str(b): {str(d): c for d, c in r.items()}
+                                                         for b, r in t.items()}
+                                              for pad, t in p.round_at.items()})
                 for p in profiles},
       ranking={str(b): rows for b, rows in ranking.items()},
       schedule={str(b): e for b, e in sched.items()},

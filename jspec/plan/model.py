@@ -60,6 +60,9 @@ class DrafterProfile:
   draft: dict[int, dict[int, float]]             # B -> {D: T_draft(B, D) / T_verif(B, 1)}
   round: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
   # B -> {D: seconds per (adaptive) round verifying D / seconds per plain step}, when measured
+  # (at the largest padding of round_at)
+  round_at: dict[int, dict[int, dict[int, float]]] = dataclasses.field(default_factory=dict)
+  # prompt padding -> such a table, where the rounds were timed at several paddings
   acceptance: tuple[float, ...] = ()
   # offered_acceptance at D_max (the adaptive estimates' start); empty: from reach
 

@@ -64,6 +64,35 @@ def test_cost_table_interpolates_and_adds_the_draft():
     CostTable.from_dict({"verify": 3})
 
 
+def test_round_costs_follow_the_prompt_padding(tiny):
+  """Round tables measured at several prompt paddings (`round_at`) are priced at the decoder's own
+  padding, linear in log2(padding) between them and clamped outside; in the jitted round, a
+  decoder follows the table of its prompts' padding."""
+  v = {1: {1: 1.0, 4: 1.5}}
+  t = CostTable(v, round_at={128: {1: {0: 1.0, 3: 2.0}}, 512: {1: {0: 0.9, 3: 1.2}}})
+  assert t.round == {1: {0: 0.9, 3: 1.2}} and t.paddings == (128, 512)
+  assert t.round_costs(1, (0, 3), 3, padding=128) == pytest.approx([1.0, 2.0])
+  assert t.round_costs(1, (0, 3), 3, padding=256) == pytest.approx([0.95, 1.6])  # log2 midpoint
+  assert t.round_costs(1, (0, 3), 3, padding=64) == pytest.approx([1.0, 2.0])    # clamped
+  assert t.round_costs(1, (0, 3), 3, padding=2048) == pytest.approx([0.9, 1.2])
+  assert t.round_costs(1, (0, 3), 3, plain=4, padding=256) == pytest.approx([3.8, 1.6])
+  assert t.round_costs(1, (0, 3), 3) == pytest.approx([0.9, 1.2])     # no padding: `round`
+  assert CostTable.from_dict(t.to_dict()) == t
+  with pytest.raises(ValueError, match="bad round cost padding"):
+    CostTable(v, round_at={0: {1: {0: 1.0}}})
+  # 24- and 30-token prompts pad to 32, where plain rounds pay; padded to 128, D = 3 pays
+  table = CostTable(v, round_at={32: {1: {0: 0.5, 3: 50.0}}, 128: {1: {0: 50.0, 3: 0.5}}})
+  sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3,
+                          "draft_lengths": [0, 3]}, cost_table=table)
+  prompts = _prompts(0, [8, 10], repeat=3)
+  short = sd.generate(prompts, max_new_tokens=12, eos=False)
+  long = sd.generate(prompts, max_new_tokens=12, eos=False, pad_to=128)
+  plain = Decoder(tiny).generate(prompts, max_new_tokens=12, eos=False)
+  assert short.token_ids == long.token_ids == plain.token_ids
+  assert short.verified_lengths[3] == 0 < short.verified_lengths[0]
+  assert long.verified_lengths[0] == 0 < long.verified_lengths[3]
+
+
 def test_expected_lengths_and_choice_by_hand():
   est = jnp.asarray([[0.8, 0.5, 0.5], [0.2, 0.9, 0.9]], jnp.float32)
   al = np.asarray(expected_lengths(est, jnp.asarray([3, 1]), (0, 1, 3)))

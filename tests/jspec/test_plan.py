@@ -77,6 +77,7 @@ def _prompt_file(tmp_path, n=3):
     (["--drafters", "nope"], "unknown speculative method 'nope'"),
     (["--calibration", "/nonexistent.jsonl"], "cannot read the prompt file"),
     (["--repeats", "0"], "--repeats must be >= 1"),
+    (["--context", "128,0"], "--context values must be >= 1"),
 ])
 def test_plan_bad_input_fails_before_the_model_loads(argv, message, tmp_path, monkeypatch):
   from jspec import cli
@@ -99,12 +100,15 @@ def test_plan_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, tiny_loaded_fact
   out, png = tmp_path / "plan.json", tmp_path / "pareto.png"
   cli.main(["plan", "--json", str(out), "--plot", str(png), "--drafters", "ngram",
             "--batch-sizes", "1,2", "--num-draft", "1,3", "--calibration", _prompt_file(tmp_path),
-            "--max-new-tokens", "8", "--repeats", "2", "--context", "16"])
+            "--max-new-tokens", "8", "--repeats", "2", "--context", "32,64"])
   report = json.loads(out.read_text())
   assert png.stat().st_size > 0
   assert set(report["schedule"]) == {"1", "2"} and len(report["guidelines"]) == 5
   rounds = report["cost_tables"]["ngram"]["round"]
   assert set(rounds) == {"1", "2"} and all(set(r) == {"0", "1", "3"} for r in rounds.values())
+  # the rounds timed at both paddings; `round` is the larger one's
+  at = report["cost_tables"]["ngram"]["round_at"]
+  assert report["round_paddings"] == [32, 64] and set(at) == {"32", "64"} and at["64"] == rounds
   for b, rows in report["ranking"].items():
     best = [cm.expected_speedup(r) for r in rows]
     assert best == sorted(best, reverse=True)
