@@ -6,7 +6,8 @@
 # 2. per category of the suite, B in {1, 4}: fixed D in {1, 3, 5} vs "auto" (with the plan's cost
 #    table) vs plain, n-gram and EAGLE-3 (the fixed-D rows are also the planner's validation points)
 # 3. the adversarial set: random tokens, replies that never repeat
-# 4. (STEPS=repeats3) the table of 2 with 3 runs of every batch, medians (sixth measurement)
+# 4. (STEPS=repeats3) the table of 2 with 3 runs of every batch, medians (sixth measurement), and
+#    the plan's validation against it
 # STEPS picks which run (default: plan,suite,adversarial); SKIP_PLAN=1 drops the plan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ step() { [[ ",$STEPS," == *",$1,"* ]]; }
 if step plan; then
   $PY -m jspec.cli plan --drafters ngram,eagle3 --batch-sizes 1,4 --num-draft 1,2,3,5,7 \
     --calibration benchmarks/prompts/calibration.jsonl --calibration-prompts 16 --max-new-tokens 64 \
-    --context 512 --json benchmarks/plan_cpu.json --plot benchmarks/plots/plan_pareto_cpu.png
+    --context 128,512 --json benchmarks/plan_cpu.json --plot benchmarks/plots/plan_pareto_cpu.png
 fi
 
 if step suite; then
@@ -43,7 +44,12 @@ if step repeats3; then
     --batch-size 1,4 --repeats 3 --temperature 0 --plan benchmarks/plan_cpu.json \
     --json benchmarks/adaptive_bench_r3_ngram_cpu.json --no-progress
   $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \
-    --per-category 2 --max-new-tokens 64 --drafters eagle3 --num-draft 1,auto \
+    --per-category 2 --max-new-tokens 64 --drafters eagle3 --num-draft 1,3,auto \
     --batch-size 1,4 --repeats 3 --temperature 0 --plan benchmarks/plan_cpu.json \
     --json benchmarks/adaptive_bench_r3_eagle3_cpu.json --no-progress
+  for d in ngram eagle3; do
+    $PY -m jspec.plan.validate --plan benchmarks/plan_cpu.json \
+      --bench benchmarks/adaptive_bench_r3_${d}_cpu.json
+    echo
+  done > benchmarks/plan_validation_cpu.md
 fi
