@@ -217,10 +217,7 @@ def run(loaded, drafters, *, batch_sizes=(1, 4), lengths=(1, 2, 3, 5, 7), prompt
                                draft_cost={str(b): {str(d): c for d, c in r.items()}
                                            for b, r in p.draft.items()},
                                round_cost={str(b): {str(d): c for d, c in r.items()}
-                                           for b, r in p.round.items()},
-                               round_cost_at={str(pad): {str(b): {str(d): c for d, c in r.items()}
-                                                         for b, r in t.items()}
-                                              for pad, t in p.round_at.items()})
+                                           for b, r in p.round.items()})
                 for p in profiles},
       ranking={str(b): rows for b, rows in ranking.items()},
       schedule={str(b): e for b, e in sched.items()},
