@@ -140,11 +140,12 @@ def tiny_loaded_factory():
 
 
 # The longest test modules, longest first, with their seconds in a local run of the suite (2 cores,
-# -n 2 --dist loadfile, --durations=0; 5140 s of tests in 2626 s). xdist hands whole modules to the workers in the order below, then the rest in
-# collection order: longest-first keeps the two workers finishing together. (By default xdist orders
-# modules by their number of tests, which left the notebooks, the sharding and the launcher tests,
-# few tests but minutes each, to run last on one worker while the other idled: one local run took
-# 2767 s of wall time for ~3800 s of CPU time, CI 2791 s.) Update the list when a module's time changes much.
+# -n 2 --dist loadfile, --durations=0; 5140 s of tests in 2626 s). xdist hands whole modules to the
+# workers in the order below, then the rest in collection order: longest-first keeps the two
+# workers finishing together. (By default xdist orders modules by their number of tests, which
+# left the notebooks, the sharding and the launcher tests, few tests but minutes each, to run last
+# on one worker while the other idled: one local run took 2767 s of wall time for ~3800 s of CPU
+# time, CI 2791 s.) Update the list when a module's time changes much.
 RUN_FIRST = [
     "tests/jspec/test_greedy_identity.py",       # ~870 s
     "tests/jspec/test_lossless_montecarlo.py",   # ~530 s
