@@ -6,14 +6,21 @@
 # 2. per category of the suite, B in {1, 4}: fixed D in {1, 3, 5} vs "auto" (with the plan's cost
 #    table) vs plain, n-gram and EAGLE-3 (the fixed-D rows are also the planner's validation points)
 # 3. the adversarial set: random tokens, replies that never repeat
-# 4. (STEPS=repeats3) the table of 2 with 3 runs of every batch, medians (sixth measurement), and
+# 4. (STEPS=repeats3) the table of 2 with 3 runs of every batch, medians (seventh measurement), and
 #    the plan's validation against it
-# STEPS picks which run (default: plan,suite,adversarial); SKIP_PLAN=1 drops the plan.
+# STEPS picks which run (default: plan,suite,adversarial); SKIP_PLAN=1 drops the plan. TAG names
+# the files of 3 and 4 (default r3; the eighth measurement, auto choosing by rounds it timed
+# itself: STEPS=adversarial,repeats3 TAG=timed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 CATS=coding,code_editing,summarization,rag_qa,math,writing,multi_turn
 STEPS=${STEPS:-plan,suite,adversarial}
+TAG=${TAG:-r3}
+ADV=benchmarks/adaptive_adversarial_cpu.json
+[[ "$TAG" != r3 ]] && ADV=benchmarks/adaptive_adversarial_${TAG}_cpu.json
+VAL=benchmarks/plan_validation_cpu.md
+[[ "$TAG" != r3 ]] && VAL=benchmarks/plan_validation_${TAG}_cpu.md
 [[ "${SKIP_PLAN:-0}" == 1 ]] && STEPS=${STEPS//plan/}
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
@@ -35,21 +42,21 @@ fi
 if step adversarial; then
   $PY -m jspec.cli bench --prompts benchmarks/prompts/adversarial.jsonl --max-new-tokens 64 \
     --drafters ngram --num-draft 1,3,auto --batch-size 1,4 --temperature 0 \
-    --plan benchmarks/plan_cpu.json --json benchmarks/adaptive_adversarial_cpu.json --no-progress
+    --plan benchmarks/plan_cpu.json --json $ADV --no-progress
 fi
 
 if step repeats3; then
   $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \
     --per-category 2 --max-new-tokens 64 --drafters ngram --num-draft 1,3,5,auto \
     --batch-size 1,4 --repeats 3 --temperature 0 --plan benchmarks/plan_cpu.json \
-    --json benchmarks/adaptive_bench_r3_ngram_cpu.json --no-progress
+    --json benchmarks/adaptive_bench_${TAG}_ngram_cpu.json --no-progress
   $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \
     --per-category 2 --max-new-tokens 64 --drafters eagle3 --num-draft 1,3,auto \
     --batch-size 1,4 --repeats 3 --temperature 0 --plan benchmarks/plan_cpu.json \
-    --json benchmarks/adaptive_bench_r3_eagle3_cpu.json --no-progress
+    --json benchmarks/adaptive_bench_${TAG}_eagle3_cpu.json --no-progress
   for d in ngram eagle3; do
     $PY -m jspec.plan.validate --plan benchmarks/plan_cpu.json \
-      --bench benchmarks/adaptive_bench_r3_${d}_cpu.json
+      --bench benchmarks/adaptive_bench_${TAG}_${d}_cpu.json
     echo
-  done > benchmarks/plan_validation_cpu.md
+  done > $VAL
 fi

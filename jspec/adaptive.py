@@ -10,7 +10,11 @@ draft costs no drafter step) so that the estimate of the next position keeps lea
 
   AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
   AL_b(0)   = m                                                    (a plain round: m steps)
-  k*        = argmax_k  mean_b(AL_b(D_k)) / cost_k                 (live rows b)
+  k*        = argmin_k  cost_k max_b R_b / AL_b(D_k)               (live rows b)
+
+R_b is the tokens row b may still make: a batch decodes until its last row is done, so k* is the
+length that would finish the batch soonest were it verified from now on (at B = 1, the most tokens
+per unit of cost; without R, `choose_length` maximises mean_b AL_b(D_k) / cost_k).
 
 A plain round (D_k = 0) runs m = `plain_steps` target steps (default 4, at most D_max + 1), each
 sampling the next token from the target as plain decoding does, so the round's fixed work (the
@@ -25,13 +29,14 @@ token equal to the next draft token counts as that position's outcome, which is 
 keeps learning a_1; for a drafter that samples its drafts this undercounts a little). The estimates
 start from the drafter's calibrated acceptance when the cost table has it (`jspec plan`: measured
 over the rounds that proposed each position, as the estimates are, so that an n-gram drafter's
-rounds without a match do not pull it down), else 0.5. cost_k is the measured cost of a whole
-round verifying D_k in plain decode steps at the prompts' padding (`CostTable.round` / `round_at`,
-from `jspec plan` or the built-in CPU defaults below), or where no round was measured
-(T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1) (m T_verif(B, 1) for the plain
-round). The choice depends on the committed context and earlier rounds only, never on this round's
-verification, so each round is an ordinary rejection-sampling round over a chain of D_k drafts:
-lossless for every choice.
+rounds without a match do not pull it down), else 0.5. cost_k is the time of a whole round
+verifying D_k: timed on this machine at the call's own shapes when they compile (`time_rounds`,
+what `SpecDecoder` does by default), or from a cost table, in plain decode steps at the prompts'
+padding (`CostTable.round` / `round_at`, from `jspec plan` or the built-in CPU defaults below), or
+where no round was measured (T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1)
+(m T_verif(B, 1) for the plain round). The choice depends on the committed context and earlier
+rounds only, never on this round's verification, so each round is an ordinary rejection-sampling
+round over a chain of D_k drafts: lossless for every choice.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import bisect
 import dataclasses
 import functools
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -379,11 +385,13 @@ class AdaptiveDrafter:
     return dataclasses.replace(state, inner=inner)
 
   def choose(self, params: AdaptiveParams, state: AdaptiveState, draft_len: jax.Array,
-             live: jax.Array) -> jax.Array:
-    """The index into `lengths` this round verifies (from earlier rounds and this draft only)."""
+             live: jax.Array, remaining: jax.Array | None = None) -> jax.Array:
+    """The index into `lengths` this round verifies (from earlier rounds and this draft only;
+    `remaining` [B]: the tokens each row may still make, `choose_length`)."""
     b, d = state.est.shape
     cost = cost_at(params.cost, state.mix)[self._cost_row(b)]
-    return choose_length(state.est, draft_len, live, self.lengths, cost, self.plain_block)
+    return choose_length(state.est, draft_len, live, self.lengths, cost, self.plain_block,
+                         remaining)
 
   def observe(self, state: AdaptiveState, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
               draft_tokens: jax.Array, draft_len: jax.Array, live: jax.Array) -> AdaptiveState:
@@ -392,6 +400,45 @@ class AdaptiveDrafter:
     est = update_estimates(state.est, width, n_acc, emitted, draft_tokens, draft_len, live,
                            self.decay)
     return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1), last=k)
+
+
+def time_rounds(run, params: AdaptiveParams, state, lengths: tuple[int, ...], *, tokens: int = 8,
+                repeats: int = 3) -> dict[int, float] | None:
+  """Seconds per round verifying each of `lengths` on this machine today, at the shapes of one
+  compiled program: `run(params, state)` is its generate loop and `state` its prefilled start (not
+  consumed). Each timing decodes `tokens` per row from a copy of `state`, with costs that force
+  every round to one length; the lengths are timed in turn, `repeats` passes in alternating order,
+  the fastest pass kept. The rows' keys are re-salted, so these rounds draw none of the random
+  numbers that the real run will: its choices stay independent of its own outcomes. None when no
+  round ran (every row already done)."""
+  k_all = len(lengths)
+  best = [float("inf")] * k_all
+  start = dataclasses.replace(
+      state, max_new=jnp.minimum(state.max_new, tokens),
+      keys=jax.vmap(lambda key: jax.random.fold_in(key, 0x5EED))(state.keys))
+  for r in range(repeats):
+    for k in (range(k_all) if r % 2 == 0 else reversed(range(k_all))):
+      force = jnp.where(jnp.arange(k_all) == k, 1.0, 1e9).astype(params.cost.dtype)
+      forced = dataclasses.replace(params, cost=jnp.broadcast_to(force, params.cost.shape))
+      copy = jax.tree_util.tree_map(jnp.copy, start)
+      jax.block_until_ready(copy)
+      t0 = time.perf_counter()
+      out = jax.block_until_ready(run(forced, copy))
+      seconds = time.perf_counter() - t0
+      rounds = int(out.round)
+      if rounds == 0:
+        return None
+      best[k] = min(best[k], seconds / rounds)
+  return dict(zip(lengths, best))
+
+
+def with_round_costs(params: AdaptiveParams, seconds: dict[int, float]) -> AdaptiveParams:
+  """params choosing by measured seconds per round (`time_rounds`), at every padding and batch
+  row of the cost tensor; for D >= 1 the line through them (`fit_round_costs`), so that one noisy
+  length cannot win or lose the choice alone."""
+  fit = fit_round_costs(seconds)
+  row = jnp.asarray([fit[d] for d in sorted(seconds)], params.cost.dtype)
+  return dataclasses.replace(params, cost=jnp.broadcast_to(row, params.cost.shape))
 
 
 def cost_tensor(costs: CostTable, batch_sizes, lengths, d_max: int, *args):
@@ -429,8 +476,18 @@ def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, .
   return jnp.where(jnp.asarray(lengths) == 0, float(plain), al)
 
 
-def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: int = 1):
+def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: int = 1,
+                  remaining=None):
+  """The index into `lengths` to verify. Without `remaining`: the most tokens per unit cost,
+  mean_b AL_b(D_k) / cost_k over the live rows. With `remaining` [B] (tokens each row still has to
+  make): a batch decodes until its last row is done, so the length that finishes the batch soonest
+  were it verified from now on, argmin_k cost_k max_b remaining_b / AL_b(D_k) over the live rows;
+  the same choice at B = 1."""
   al = expected_lengths(est, draft_len, lengths, plain)           # [B, K]
+  if remaining is not None:
+    rounds = jnp.maximum(remaining, 1).astype(est.dtype)[:, None] / al
+    finish = jnp.max(jnp.where(live[:, None], rounds, 0.0), axis=0) * cost
+    return jnp.argmin(finish).astype(jnp.int32)                  # ties: the shorter length
   w = live.astype(est.dtype)[:, None]
   mean_al = jnp.sum(al * w, axis=0) / jnp.maximum(jnp.sum(w), 1.0)
   return jnp.argmax(mean_al / cost).astype(jnp.int32)            # ties: the shorter length

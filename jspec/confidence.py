@@ -158,7 +158,8 @@ class ConfidenceScheduler(AdaptiveDrafter):
     length = prefix_lengths(a, self.lengths, cost)
     return dataclasses.replace(draft, length=length), state
 
-  def choose(self, params: ScheduleParams, state, draft_len: jax.Array, live: jax.Array):
+  def choose(self, params: ScheduleParams, state, draft_len: jax.Array, live: jax.Array,
+             remaining: jax.Array | None = None):
     """The smallest compiled width that holds every live row's scheduled prefix."""
     need = jnp.max(jnp.where(live, draft_len, 0))
     return jnp.searchsorted(jnp.asarray(self.lengths, jnp.int32), need,

@@ -124,6 +124,7 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   d = drafter.num_draft
   rows = jnp.arange(b)
   live = ~state.done
+  remaining = state.max_new - (state.length - state.prompt_len)   # tokens each row may still make
   step = state.round + 1
   ctx = state.context(sampling)
 
@@ -132,7 +133,8 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   lengths = getattr(drafter, "lengths", None)
   draft_keys = _step_keys(state.keys, step, 1)
   if lengths is not None and drafter.choose_before_drafting:
-    k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live)
+    k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live,
+                       remaining)
     num = drafter.num_to_draft(k, step)
     draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys, num=num)
   else:
@@ -155,7 +157,7 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
     # The branches leave the target cache alone (a branch returning a written cache makes XLA copy
     # all of it every round) and return the block's K/V, padded to D + 1, written once here.
     if not drafter.choose_before_drafting:
-      k = drafter.choose(drafter_params, dstate, draft_len, live)
+      k = drafter.choose(drafter_params, dstate, draft_len, live, remaining)
     n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
         k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
             for w in lengths],

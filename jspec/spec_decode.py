@@ -12,7 +12,7 @@ import numpy as np
 from flax import nnx
 
 from jspec import engine, sharding
-from jspec.adaptive import AdaptiveDrafter, CostTable
+from jspec.adaptive import AdaptiveDrafter, CostTable, time_rounds, with_round_costs
 from jspec.config import SpeculativeConfig
 from jspec.decode import DecodeOutput, row_keys, validate_request
 from jspec.sampling import SamplingParams
@@ -32,6 +32,9 @@ class SpecOutput(DecodeOutput):
   # [D] rounds (summed over rows) that verified draft position i after accepting the ones before
   verified_lengths: dict[int, int] = dataclasses.field(default_factory=dict)
   # adaptive configs: how many rounds verified each draft length (0 = a plain step)
+  round_costs: dict[int, float] = dataclasses.field(default_factory=dict)
+  # adaptive configs: seconds per round verifying each length, as timed when this shape compiled
+  # (SpecDecoder(time_rounds=True)) and used by the choice; empty when the cost table is used
 
   @property
   def per_position_acceptance(self) -> list[float]:
@@ -85,13 +88,16 @@ class SpecDecoder:
 
   def __init__(self, target: Llama, config: SpeculativeConfig | dict, *,
                draft_model: Llama | None = None, eos_ids: Sequence[int] = (), tokenizer=None,
-               cost_table: CostTable | str | None = None, mesh=None):
+               cost_table: CostTable | str | None = None, mesh=None, time_rounds: bool = True):
     """tokenizer: only to encode predictions given as text (`generate(prediction=...)`).
     cost_table: for adaptive configs, the measured verify/draft costs (a `CostTable` or the path of
     a `jspec plan` JSON); the built-in defaults for this backend when None.
     mesh: a `jax.sharding.Mesh` or a spec such as "data=2,model=4" (`jspec.sharding`): the
     target's weights are placed on it and every program runs under it (the drafter's own weights
-    stay replicated)."""
+    stay replicated).
+    time_rounds: adaptive configs time a few rounds of each compiled length when a new shape
+    compiles (`jspec.adaptive.time_rounds`, a few seconds, counted in compile_s) and choose by those
+    costs, measured on this machine today at the call's own shapes; False: by the cost table."""
     self.spec = config if isinstance(config, SpeculativeConfig) else \
         SpeculativeConfig.from_dict(config)
     self.config = target.config
@@ -106,6 +112,8 @@ class SpecDecoder:
     self.tokenizer = tokenizer
     self._initial_params = self.drafter_params
     self._programs = {}
+    self.times_rounds = time_rounds and type(self.drafter) is AdaptiveDrafter
+    self._round_costs = {}          # program key -> seconds per round of each length
 
   def reset_drafter(self) -> None:
     """Forgets what the drafter learned across calls (suffix decoding's global cache)."""
@@ -129,6 +137,7 @@ class SpecDecoder:
   def clear_compiled(self) -> None:
     """Drops the compiled programs (each shape's executables stay in memory until then)."""
     self._programs.clear()
+    self._round_costs.clear()
 
   @property
   def num_draft(self) -> int:
@@ -166,7 +175,7 @@ class SpecDecoder:
                                        self.drafter_params, state, sampling,
                                        eos_ids=eos_ids).compile()
       self._programs[key] = (pre, gen)
-    return self._programs[key]
+    return key, *self._programs[key]
 
   def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
              prediction=None):
@@ -175,10 +184,25 @@ class SpecDecoder:
         prompts, max_new_tokens, temperature, top_k, top_p, seed, max_len, pad_to, prediction)
     eos_ids = self.eos_ids if eos else ()
     t0 = time.perf_counter()
-    pre, gen = self._compiled(tokens, lens, max_new, sampling, keys, max_len, eos_ids, request)
+    key, pre, gen = self._compiled(tokens, lens, max_new, sampling, keys, max_len, eos_ids,
+                                   request)
     args = (self.weights, self.drafter_params, jnp.asarray(tokens), jnp.asarray(lens),
             jnp.asarray(max_new), sampling, keys, request)
-    return pre, gen, args, lens, sampling, time.perf_counter() - t0
+    return key, pre, gen, args, lens, sampling, time.perf_counter() - t0
+
+  def _params(self, key, pre, gen, args, sampling):
+    """The drafter params a generate call runs with: an adaptive decoder's, with the round costs
+    timed for this program (on its first call; `time_rounds`)."""
+    if not self.times_rounds:
+      return self.drafter_params, {}
+    if key not in self._round_costs:
+      run = lambda params, state: gen(self.weights, params, state, sampling)
+      self._round_costs[key] = time_rounds(run, self.drafter_params, pre(*args),
+                                           self.drafter.lengths)
+    seconds = self._round_costs[key]
+    if seconds is None:
+      return self.drafter_params, {}
+    return with_round_costs(self.drafter_params, seconds), seconds
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens=128, temperature=0.0,
                top_k=0, top_p=1.0, seed=0, eos: bool = True, max_len: int | None = None,
@@ -186,17 +210,20 @@ class SpecDecoder:
     """prediction: with the 'prediction' method, per row the expected output (text, token ids or
     None) that the drafter proposes from (rows without one fall back to n-gram lookup)."""
     with sharding.on_mesh(self.mesh):
-      pre, gen, args, lens, sampling, compile_s = self._start(
+      key, pre, gen, args, lens, sampling, compile_s = self._start(
           prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
           prediction)
+      t0 = time.perf_counter()
+      params, round_costs = self._params(key, pre, gen, args, sampling)
       t1 = time.perf_counter()
       state = pre(*args)
       jax.block_until_ready(state)
       t2 = time.perf_counter()
-      state = gen(self.weights, self.drafter_params, state, sampling)
+      state = gen(self.weights, params, state, sampling)
       jax.block_until_ready(state)
       t3 = time.perf_counter()
-    out = self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2, compile_s=compile_s)
+    out = self._output(state, lens, prefill_s=t2 - t1, decode_s=t3 - t2,
+                       compile_s=compile_s + t1 - t0, round_costs=round_costs)
     self._after_generate(prompts, out.token_ids)
     return out
 
@@ -207,7 +234,7 @@ class SpecDecoder:
     """The state after the prefill, as `generate` starts its rounds from it (for timing a round's
     parts, or driving rounds by hand with `engine.spec_round`)."""
     with sharding.on_mesh(self.mesh):
-      pre, _, args, _, sampling, _ = self._start(
+      _, pre, _, args, _, sampling, _ = self._start(
           prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
           prediction)
       return pre(*args), sampling

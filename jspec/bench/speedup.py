@@ -52,6 +52,8 @@ RECORD_FIELDS = {
                           "(its verify width varies by round)"),
     "verified_lengths": ((dict, type(None)), "'auto': batch rounds that verified each draft "
                          "length (0 = a plain step); else null"),
+    "round_ms": ((dict, type(None)), "'auto': ms per round verifying each length as timed at "
+                 "warm-up and chosen by (SpecDecoder time_rounds), median over the runs; else null"),
     "baseline_fraction_of_roofline": (float, "plain step rate B/T(1) over the bandwidth roofline"),
     "same_as_plain": ((bool, type(None)), "greedy: every output equals plain decoding; else null"),
 }
@@ -121,6 +123,7 @@ class _Acc:
     self.base_steps = 0
     self.accepted_at = [0] * d if isinstance(d, int) else []   # "auto": grows to D_max
     self.verified_lengths: dict[int, int] = {}
+    self.round_costs: list[dict[int, float]] = []
     self.ratios, self.same, self.prompts = [], [], set()
     self.parts = None            # (t_verify, t_draft) seconds, timed once
 
@@ -130,6 +133,8 @@ class _Acc:
     self.accepted_at = _add_lists(self.accepted_at, out.accepted_at)
     for w, c in out.verified_lengths.items():
       self.verified_lengths[w] = self.verified_lengths.get(w, 0) + c
+    if out.round_costs:
+      self.round_costs.append(out.round_costs)
     self.tokens += sum(max(len(t) - 1, 0) for t in out.token_ids)
     self.decode_s += out.decode_s
     self.steps += out.steps
@@ -163,6 +168,8 @@ def _record(key, acc: _Acc, parts_by_cat: dict, roofline: float, temperature: fl
       predicted_speedup=cost_model.predicted_speedup(max(al, 1.0), t1, t_verify, t_draft)
       if isinstance(d, int) else None,
       verified_lengths={str(w): c for w, c in sorted(acc.verified_lengths.items())} or None,
+      round_ms={str(w): 1e3 * statistics.median(r[w] for r in acc.round_costs)
+                for w in acc.round_costs[0]} if acc.round_costs else None,
       baseline_fraction_of_roofline=(b / t1) / roofline,
       same_as_plain=all(acc.same) if temperature == 0 else None)
 
@@ -263,6 +270,7 @@ def _merge(into: _Acc, acc: _Acc) -> None:
   into.accepted_at = _add_lists(into.accepted_at, acc.accepted_at)
   for w, c in acc.verified_lengths.items():
     into.verified_lengths[w] = into.verified_lengths.get(w, 0) + c
+  into.round_costs += acc.round_costs
   into.ratios += acc.ratios
   into.same += acc.same
   into.prompts |= acc.prompts

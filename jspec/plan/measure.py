@@ -121,7 +121,7 @@ def measure_rounds(loaded, method: str, lengths, batch_sizes, prompts, *, max_ne
   draft_model = loaded.model if method in ("draft_model", "draft-model") else None
   sd = SpecDecoder(loaded.model, {"method": method, "num_speculative_tokens": max(lengths),
                                   "draft_lengths": lengths, **(options or {})},
-                   draft_model=draft_model)
+                   draft_model=draft_model, time_rounds=False)     # forced below, by cost
   base = sd.drafter_params
   forced = {d: dataclasses.replace(base, cost=jnp.where(
       jnp.arange(len(lengths)) == k, 1.0, 1e3) * jnp.ones_like(base.cost))

@@ -83,7 +83,7 @@ def test_round_costs_follow_the_prompt_padding(tiny):
   # 24- and 30-token prompts pad to 32, where plain rounds pay; padded to 128, D = 3 pays
   table = CostTable(v, round_at={32: {1: {0: 0.5, 3: 50.0}}, 128: {1: {0: 50.0, 3: 0.5}}})
   sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3,
-                          "draft_lengths": [0, 3]}, cost_table=table)
+                          "draft_lengths": [0, 3]}, cost_table=table, time_rounds=False)
   prompts = _prompts(0, [8, 10], repeat=3)
   short = sd.generate(prompts, max_new_tokens=12, eos=False)
   long = sd.generate(prompts, max_new_tokens=12, eos=False, pad_to=128)
@@ -162,7 +162,9 @@ def test_choice_depends_on_earlier_rounds_only(tiny, method):
       draft, _ = sd.drafter.inner.propose(None, state.drafter_state.inner,
                                           state.context(sampling), None)
       length = draft.length
-    return sd.drafter.choose(sd.drafter_params, state.drafter_state, length, ~state.done)
+    remaining = state.max_new - (state.length - state.prompt_len)
+    return sd.drafter.choose(sd.drafter_params, state.drafter_state, length, ~state.done,
+                             remaining)
 
   seen = set()
   while not bool(np.all(np.asarray(state.done))):
@@ -183,7 +185,8 @@ def test_adaptive_matches_plain_greedy_without_recompiling(tiny, method):
     # the self-draft accepts everything: a fixed table (not the measured defaults) where the 0.5
     # prior picks D = 2 and full acceptance D = 7, so that the rounds switch lengths
     kw["cost_table"] = CostTable({1: {1: 1.0, 2: 1.05, 4: 1.3, 8: 1.8}})
-  sd = SpecDecoder(tiny, {"method": method, "num_speculative_tokens": "auto"}, **kw)
+  sd = SpecDecoder(tiny, {"method": method, "num_speculative_tokens": "auto"}, time_rounds=False,
+                   **kw)
   plain = Decoder(tiny)
   prompts = _prompts(0, [8, 10], repeat=3) + _prompts(1, [7])
   out = sd.generate(prompts, max_new_tokens=40, eos=False, pad_to=32)
@@ -283,7 +286,7 @@ def test_plain_rounds_decode_several_steps_and_keep_the_head_in_step(tiny):
   plain = Decoder(tiny).generate(prompts, max_new_tokens=21, eos=False)
   forced = CostTable({1: {1: 1.0}}, round={1: {0: 0.1, 1: 50.0, 3: 50.0}})
   sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3,
-                          "draft_lengths": [0, 1, 3]}, cost_table=forced)
+                          "draft_lengths": [0, 1, 3]}, cost_table=forced, time_rounds=False)
   assert sd.drafter.plain_block == 4
   out = sd.generate(prompts, max_new_tokens=21, eos=False)
   assert out.token_ids == plain.token_ids
@@ -347,3 +350,68 @@ def test_serial_drafters_explore_one_past_the_verified_length(tiny):
       moved.append(r)
   assert moved == [4, 8]
   assert np.asarray(state.drafter_state.chosen).tolist() == [0, 9, 0]
+
+
+def test_choice_by_the_row_that_finishes_last():
+  """With `remaining`: the length that finishes the batch soonest, cost_k max_b rem_b / AL_b(k)."""
+  est = jnp.asarray([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]], jnp.float32)
+  lengths, draft_len, live = (0, 1, 3), jnp.asarray([3, 3]), jnp.asarray([True, True])
+  cost = jnp.asarray([3.6, 1.1, 1.5])           # a plain round: 3 steps at 1.2
+  # mean AL (3, 1.5, 2.28): D = 3 has the most per cost (1.52 vs 0.83, 1.36); but row 1 makes
+  # 1.1 (D = 1) or 1.11 (D = 3) tokens per round: with 20 tokens left in each row, the batch ends
+  # after 3.6 x 20 / 3 = 24 (plain), 1.1 x 20 / 1.1 = 20 (D = 1) or 1.5 x 20 / 1.11 = 27 (D = 3)
+  assert int(choose_length(est, draft_len, live, lengths, cost, plain=3)) == 2
+  rem = jnp.asarray([20, 20])
+  al = np.asarray(expected_lengths(est, draft_len, lengths, 3))
+  finish = cost * np.max(20 / al, axis=0)
+  assert int(choose_length(est, draft_len, live, lengths, cost, 3, rem)) == int(np.argmin(finish))
+  assert int(np.argmin(finish)) == 1
+  # row 1 nearly done: row 0 sets the finish, D = 3 pays (1.5 x 20 / 3.44 = 8.7 < 11.6, 24)
+  assert int(choose_length(est, draft_len, live, lengths, cost, 3, jnp.asarray([20, 2]))) == 2
+  # a finished row does not count, whatever it has left
+  assert int(choose_length(est, draft_len, jnp.asarray([True, False]), lengths, cost, 3,
+                           rem)) == 2
+  # one row: the same choice as by mean AL per cost
+  for c in ([3.6, 1.1, 1.5], [2.0, 1.1, 3.0], [3.0, 2.0, 2.1]):
+    c = jnp.asarray(c)
+    assert int(choose_length(est[:1], draft_len[:1], live[:1], lengths, c, 3, rem[:1])) == \
+        int(choose_length(est[:1], draft_len[:1], live[:1], lengths, c, 3))
+
+
+def test_timed_rounds_force_each_length_and_leave_the_run_alone(tiny):
+  """time_rounds runs each compiled length alone (from copies of one prefilled state, which stays
+  usable), and generate then chooses by those costs: its output is the one a decoder given the
+  same costs by hand produces at temperature > 0 (the timing runs drew none of its random numbers),
+  and later calls neither re-time nor recompile."""
+  from jspec.adaptive import time_rounds, with_round_costs
+  cfg = {"method": "ngram", "num_speculative_tokens": 3, "draft_lengths": [0, 1, 3]}
+  sd = SpecDecoder(tiny, cfg)
+  prompts = _prompts(0, [8, 10], repeat=3)
+  state, sampling = sd.prefill(prompts, max_new_tokens=30, eos=False)
+  seen = []
+
+  def run(params, st):
+    out = engine.spec_generate(sd.graphdef, sd.weights, sd.drafter, params, st, sampling,
+                               eos_ids=())
+    seen.append(np.asarray(out.drafter_state.chosen).tolist())
+    return out
+
+  seconds = time_rounds(run, sd.drafter_params, state, sd.drafter.lengths, tokens=12, repeats=2)
+  assert sorted(seconds) == [0, 1, 3] and all(0 < s < 10 for s in seconds.values())
+  # each run verified one length only; passes in alternating order
+  assert [int(np.flatnonzero(c)[0]) for c in seen] == [0, 1, 2, 2, 1, 0]
+  assert all(np.count_nonzero(c) == 1 for c in seen)
+  assert int(state.round) == 0 and not np.asarray(state.done).any()    # the state is not consumed
+
+  kw = dict(max_new_tokens=30, eos=False, temperature=0.8, seed=3)
+  out = sd.generate(prompts, **kw)
+  assert sorted(out.round_costs) == [0, 1, 3] and out.compile_s > 0
+  fixed = SpecDecoder(tiny, cfg, time_rounds=False)
+  fixed.drafter_params = with_round_costs(fixed.drafter_params, out.round_costs)
+  again = fixed.generate(prompts, **kw)
+  assert again.token_ids == out.token_ids and again.verified_lengths == out.verified_lengths
+  with count_compiles() as c:
+    later = sd.generate(prompts, **kw)
+  assert c.count == 0 and later.round_costs == out.round_costs and later.compile_s < 1.0
+  assert later.token_ids == out.token_ids
+  assert SpecDecoder(tiny, cfg, time_rounds=False).generate(prompts, **kw).round_costs == {}

@@ -160,7 +160,9 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
     # 0 or 1 by comparing its survival with the best second-position survival of the batch
     from jspec.adaptive import CostTable
     costs = CostTable({1: {1: 1.0, 2: 1.0, 3: 1.0}}, round={1: {0: 1.0, 1: 1.00001, 2: 10.0}})
-  decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method), cost_table=costs)
+  # time_rounds=False: the chunks' cost tables below force the lengths
+  decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method), cost_table=costs,
+                        time_rounds=False)
   before_chunk = None
   if cfg["num_speculative_tokens"] == "auto":
     # one round per row, chosen at the prior estimates (0.5): cost tables that make successive
@@ -202,7 +204,8 @@ def test_plain_rounds_sample_the_target(target, t, k, p):
   from jspec.adaptive import CostTable
   decoder = SpecDecoder(target, {"method": "ngram", "num_speculative_tokens": 3,
                                  "draft_lengths": [0, 3]},
-                        cost_table=CostTable({1: {1: 1.0}}, round={1: {0: 0.01, 3: 100.0}}))
+                        cost_table=CostTable({1: {1: 1.0}}, round={1: {0: 0.01, 3: 100.0}}),
+                        time_rounds=False)
   res = decoder.generate([PROMPT] * CHUNK, max_new_tokens=3, temperature=t, top_k=k, top_p=p,
                          seed=list(range(CHUNK)), eos=False)
   assert res.verified_lengths == {0: 1, 3: 0} and res.steps == 1   # one plain round per row
