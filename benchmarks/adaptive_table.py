@@ -1,7 +1,10 @@
-"""The REPORT's "auto vs the best fixed D vs plain" tables from `jspec bench` JSON (adaptive_bench.sh):
-python benchmarks/adaptive_table.py benchmarks/adaptive_bench_cpu.json [more.json ...]"""
+"""The REPORT's "auto vs the best fixed D vs plain" tables from `jspec bench` JSON (adaptive_bench.sh),
+and per batch size > 1 how many of the batch's row-rounds were live (the straggler table):
+.venv/bin/python benchmarks/adaptive_table.py benchmarks/adaptive_bench_cpu.json [more.json ...]"""
 import json
 import sys
+
+from jspec.plan.validate import batch_acceptance
 
 LENGTHS = (0, 1, 2, 3, 5, 7)
 
@@ -29,6 +32,22 @@ def rows(results):
           f"{', '.join(f'{fixed[d]:.2f}' for d in sorted(fixed))} | {counts} |")
 
 
+def stragglers(results):
+  """A batch runs until its last row is done: at B > 1 its own AL (tokens per row per batch round
+  over plain decoding's per step, `jspec.plan.validate.batch_acceptance`) is below the rows' mean."""
+  print("| drafter | D | B | AL (rows' mean) | batch AL | batch / rows |")
+  print("|---|---|---|---|---|---|")
+  for r in results:
+    if r["batch_size"] == 1 or r["category"] != "all" or r["num_draft"] == "auto":
+      continue      # (auto: a plain round counts its steps as row-rounds, one batch round)
+    al, batch = r["acceptance_length"], batch_acceptance(r)
+    print(f"| {r['drafter']} | {r['num_draft']} | {r['batch_size']} | {al:.2f} | {batch:.2f} | "
+          f"{batch / al:.2f} |")
+
+
 for path in sys.argv[1:]:
-  rows(json.load(open(path))["results"])
+  results = json.load(open(path))["results"]
+  rows(results)
+  print()
+  stragglers(results)
   print()

@@ -6,6 +6,9 @@ For every fixed-D bench record of the pooled category ("all") whose drafter and 
                         measured: isolates the cost model's error from the calibration acceptance's
   predicted (round)     the same with the plan's measured whole-round costs (the adaptive round
                         forced to D, which the adaptive choice uses)
+  predicted (batch)     the round costs with the batch's acceptance (`batch_acceptance`): at B > 1
+                        a batch runs until its last row is done, fewer tokens per batch round than
+                        the rows' mean AL
   measured              the bench's median speedup
   python -m jspec.plan.validate --plan benchmarks/plan_cpu.json --bench benchmarks/X.json
 """
@@ -16,6 +19,19 @@ import argparse
 import json
 
 from jspec.adaptive import CostTable
+
+
+def batch_acceptance(r: dict) -> float:
+  """A bench record's tokens per row per batch round over plain decoding's tokens per row per
+  step (the batch's own AL: its speedup is this over the round cost; the record's AL at B = 1).
+  The rounds follow from the record: verify_time_share = rounds x verify_ms / decode time, and
+  plain steps = plain decode time / t1_ms."""
+  if r["batch_size"] == 1:
+    return r["acceptance_length"]
+  tokens = r["generated_tokens"]
+  rounds = r["verify_time_share"] * tokens / r["tokens_per_s"] / (r["verify_ms"] / 1e3)
+  steps = tokens / r["baseline_tokens_per_s"] / (r["t1_ms"] / 1e3)
+  return steps / rounds
 
 
 def rows(plan: dict, bench: dict) -> list[dict]:
@@ -36,24 +52,25 @@ def rows(plan: dict, bench: dict) -> list[dict]:
                     predicted_plan=planned["speedup"],
                     predicted_bench_al=r["acceptance_length"] / cost,
                     predicted_round=None if rcost is None else r["acceptance_length"] / rcost,
+                    predicted_batch=None if rcost is None else batch_acceptance(r) / rcost,
                     measured=r["speedup"], plan_al=planned["acceptance_length"],
-                    bench_al=r["acceptance_length"]))
+                    bench_al=r["acceptance_length"], batch_al=batch_acceptance(r)))
   return out
 
 
 def markdown(table: list[dict]) -> str:
-  lines = ["| drafter | D | B | AL plan / bench | predicted (plan) | predicted (bench AL) | "
-           "predicted (round) | measured | error (bench AL) | error (round) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+  lines = ["| drafter | D | B | AL plan / bench / batch | predicted (plan) | predicted (bench AL) | "
+           "predicted (round) | predicted (batch) | measured | error (bench AL) | error (round) | "
+           "error (batch) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  pair = lambda p, m: ("—", "—") if p is None else (f"{p:.2f}", f"{100 * (p / m - 1):+.0f}%")
   for r in table:
-    err = r["predicted_bench_al"] / r["measured"] - 1
-    rp = r.get("predicted_round")
-    rpred, rerr = ("—", "—") if rp is None else (
-        f"{rp:.2f}", f"{100 * (rp / r['measured'] - 1):+.0f}%")
+    m = r["measured"]
+    (bpred, berr), (rpred, rerr), (cpred, cerr) = (
+        pair(r[k], m) for k in ("predicted_bench_al", "predicted_round", "predicted_batch"))
     lines.append(f"| {r['drafter']} | {r['num_draft']} | {r['batch_size']} | {r['plan_al']:.2f} / "
-                 f"{r['bench_al']:.2f} | {r['predicted_plan']:.2f} | "
-                 f"{r['predicted_bench_al']:.2f} | {rpred} | {r['measured']:.2f} | "
-                 f"{100 * err:+.0f}% | {rerr} |")
+                 f"{r['bench_al']:.2f} / {r['batch_al']:.2f} | {r['predicted_plan']:.2f} | "
+                 f"{bpred} | {rpred} | {cpred} | {m:.2f} | {berr} | {rerr} | {cerr} |")
   return "\n".join(lines)
 
 

@@ -145,13 +145,23 @@ def test_validation_rows_by_hand():
   assert rows[0]["predicted_bench_al"] == pytest.approx(2.52 / 1.8)
   assert rows[0]["predicted_plan"] == 1.5 and rows[0]["measured"] == 1.4
   assert rows[0]["predicted_round"] is None
-  assert ("| eagle3 | 3 | 1 | 2.70 / 2.52 | 1.50 | 1.40 | — | 1.40 | +0% | — |"
+  assert ("| eagle3 | 3 | 1 | 2.70 / 2.52 / 2.52 | 1.50 | 1.40 | — | — | 1.40 | +0% | — | — |"
           in validate.markdown(rows))
   # with measured round costs: AL over the round's cost at D = 3 (interpolated from 2 and 5)
   plan["cost_tables"]["eagle3"]["round"] = {"1": {"0": 1.1, "2": 1.4, "5": 2.3}}
   rows = validate.rows(plan, bench)
-  assert rows[0]["predicted_round"] == pytest.approx(2.52 / 1.7)
-  assert "| 1.48 | 1.40 | +0% | +6% |" in validate.markdown(rows)
+  assert rows[0]["predicted_round"] == rows[0]["predicted_batch"] == pytest.approx(2.52 / 1.7)
+  assert "| 1.48 | 1.48 | 1.40 | +0% | +6% | +6% |" in validate.markdown(rows)
+  # B = 4: 300 tokens in 100 batch rounds (verify_time_share = 100 x 20 ms / (300 / 50 tok/s))
+  # against 200 plain steps (300 / 100 tok/s / 15 ms): 0.75 vs 0.375 tokens per row per round
+  rec4 = dict(rec, batch_size=4, generated_tokens=300, tokens_per_s=50.0, verify_ms=20.0,
+              verify_time_share=100 * 0.02 / 6.0, baseline_tokens_per_s=100.0, t1_ms=15.0)
+  assert validate.batch_acceptance(rec4) == pytest.approx(2.0)
+  plan["ranking"]["4"] = plan["ranking"]["1"]
+  plan["cost_tables"]["eagle3"]["round"]["4"] = {"2": 1.5, "5": 3.0}
+  row = validate.rows(plan, {"results": [rec4]})[0]
+  assert row["predicted_batch"] == pytest.approx(2.0 / 2.0)
+  assert row["predicted_round"] == pytest.approx(2.52 / 2.0)
 
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
