@@ -138,8 +138,8 @@ def test_padding_prompts_to_a_shared_shape_changes_no_token(loaded):
 
 
 def test_auto_draft_length_records(loaded, tmp_path):
-  """'auto' records: schema, pooled round counts per verified length, and a self-draft (which
-  accepts everything) never falling back to a plain step."""
+  """'auto' records: schema, pooled round counts per verified length, and the round costs the
+  decoder timed at warm-up and chose by (ms per round at every compiled length)."""
   rep = speedup.run(loaded, PROMPTS[::2], drafters=("draft-model",), num_draft=("auto",),
                     batch_sizes=(2,), max_new_tokens=MAX_NEW, ignore_eos=True, progress=False)
   auto = rep["results"]
@@ -151,7 +151,10 @@ def test_auto_draft_length_records(loaded, tmp_path):
   counts = {int(k): v for k, v in pooled["verified_lengths"].items()}
   assert sum(counts.values()) == sum(sum(r["verified_lengths"].values()) for r in auto
                                      if r["category"] != "all")
-  assert counts[0] == 0 and pooled["predicted_speedup"] is None
+  assert sorted(counts) == [0, 1, 2, 3, 5, 7] and pooled["predicted_speedup"] is None
+  for r in auto:
+    assert sorted(int(d) for d in r["round_ms"]) == sorted(counts)
+    assert all(ms > 0 for ms in r["round_ms"].values())
   assert "| auto |" in speedup.markdown(rep)
   plots.save_all(rep, str(tmp_path))
 
