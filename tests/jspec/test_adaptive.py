@@ -413,5 +413,4 @@ def test_timed_rounds_force_each_length_and_leave_the_run_alone(tiny):
   with count_compiles() as c:
     later = sd.generate(prompts, **kw)
   assert c.count == 0 and later.round_costs == out.round_costs and later.compile_s < 1.0
-  assert later.token_ids == out.token_ids
-  assert SpecDecoder(tiny, cfg, time_rounds=False).generate(prompts, **kw).round_costs == {}
+  assert later.token_ids == out.token_ids and again.round_costs == {}
