@@ -408,9 +408,10 @@ def time_rounds(run, params: AdaptiveParams, state, lengths: tuple[int, ...], *,
   compiled program: `run(params, state)` is its generate loop and `state` its prefilled start (not
   consumed). Each timing decodes `tokens` per row from a copy of `state`, with costs that force
   every round to one length; the lengths are timed in turn, `repeats` passes in alternating order
-  after one untimed pass (the first runs after compiling ran up to 30% slow), the fastest kept. The rows' keys are re-salted, so these rounds draw none of the random
-  numbers that the real run will: its choices stay independent of its own outcomes. None when no
-  round ran (every row already done)."""
+  after one untimed pass (the first runs after compiling ran up to 30% slow), the fastest kept.
+  The rows' keys are re-salted, so these rounds draw none of the random numbers that the real run
+  will: its choices stay independent of its own outcomes. None when no round ran (every row
+  already done)."""
   k_all = len(lengths)
   best = [float("inf")] * k_all
   start = dataclasses.replace(
