@@ -408,16 +408,18 @@ def time_rounds(run, params: AdaptiveParams, state, lengths: tuple[int, ...], *,
   compiled program: `run(params, state)` is its generate loop and `state` its prefilled start (not
   consumed). Each timing decodes `tokens` per row from a copy of `state`, with costs that force
   every round to one length; the lengths are timed in turn, `repeats` passes in alternating order
-  after one untimed pass (the first runs after compiling ran up to 30% slow), the fastest kept.
-  The rows' keys are re-salted, so these rounds draw none of the random numbers that the real run
-  will: its choices stay independent of its own outcomes. None when no round ran (every row
-  already done)."""
+  after one untimed pass (the first runs after compiling ran up to 30% slow). A busy machine slows
+  whole passes: each pass is scaled by its median ratio to the lengths' medians over the passes
+  (`pass_normalised`), then each length's median is kept. The rows' keys are re-salted, so these
+  rounds draw none of the random numbers that the real run will: its choices stay independent of
+  its own outcomes. None when no round ran (every row already done)."""
   k_all = len(lengths)
-  best = [float("inf")] * k_all
+  passes = []
   start = dataclasses.replace(
       state, max_new=jnp.minimum(state.max_new, tokens),
       keys=jax.vmap(lambda key: jax.random.fold_in(key, 0x5EED))(state.keys))
   for r in range(-1, repeats):
+    times = [0.0] * k_all
     for k in (range(k_all) if r % 2 == 0 else reversed(range(k_all))):
       force = jnp.where(jnp.arange(k_all) == k, 1.0, 1e9).astype(params.cost.dtype)
       forced = dataclasses.replace(params, cost=jnp.broadcast_to(force, params.cost.shape))
@@ -429,9 +431,20 @@ def time_rounds(run, params: AdaptiveParams, state, lengths: tuple[int, ...], *,
       rounds = int(out.round)
       if rounds == 0:
         return None
-      if r >= 0:
-        best[k] = min(best[k], seconds / rounds)
-  return dict(zip(lengths, best))
+      times[k] = seconds / rounds
+    if r >= 0:
+      passes.append(times)
+  return dict(zip(lengths, pass_normalised(passes)))
+
+
+def pass_normalised(passes: list[list[float]]) -> list[float]:
+  """Per length, the median over passes of its times, each pass first divided by its own median
+  ratio to the lengths' medians over all passes (a pass run while the machine was slow counts at
+  the others' pace); scaled back to the medians' level."""
+  t = np.asarray(passes, np.float64)                        # [passes, lengths]
+  med = np.median(t, axis=0)
+  phase = np.median(t / med, axis=1, keepdims=True)         # [passes, 1]
+  return (np.median(t / phase, axis=0) * np.median(phase)).tolist()
 
 
 def with_round_costs(params: AdaptiveParams, seconds: dict[int, float]) -> AdaptiveParams:

@@ -414,3 +414,20 @@ def test_timed_rounds_force_each_length_and_leave_the_run_alone(tiny):
     later = sd.generate(prompts, **kw)
   assert c.count == 0 and later.round_costs == out.round_costs and later.compile_s < 1.0
   assert later.token_ids == out.token_ids and again.round_costs == {}
+
+
+def test_timed_passes_are_normalised_for_a_busy_machine():
+  """A pass run while the machine was slow counts at the others' pace: three passes, two slowed
+  1.5x, with a one-off spike (2x) on a different length in the fast pass and a slow one, give times
+  proportional to the true ones; the fastest time per length (a length's only fast pass spiked)
+  does not."""
+  from jspec.adaptive import pass_normalised
+  true = np.asarray([4.0, 1.0, 1.2, 1.5])
+  spike = lambda k: np.where(np.arange(4) == k, 2.0, 1.0)
+  passes = [true * spike(0), 1.5 * true, 1.5 * true * spike(1)]
+  got = np.asarray(pass_normalised([p.tolist() for p in passes]))
+  np.testing.assert_allclose(got / got[2], true / true[2], rtol=1e-12)
+  fastest = np.min(passes, axis=0)
+  assert abs(fastest[0] / fastest[2] - true[0] / true[2]) > 1.0
+  # a clean set of passes keeps its times
+  np.testing.assert_allclose(pass_normalised([true.tolist()] * 3), true, rtol=1e-12)
