@@ -10,11 +10,19 @@ draft costs no drafter step) so that the estimate of the next position keeps lea
 
   AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} a_bj   (len_b: row b's proposals)
   AL_b(0)   = m                                                    (a plain round: m steps)
-  k*        = argmin_k  cost_k max_b R_b / AL_b(D_k)               (live rows b)
+  F_b(k)    = cost_k + max(R_b - AL_b(D_k), 0) / r_b               (row b's projected finish)
+  k*        = argmin_k  tau log sum_b exp(F_b(k) / tau)            (live rows b)
 
-R_b is the tokens row b may still make: a batch decodes until its last row is done, so k* is the
-length that would finish the batch soonest were it verified from now on (at B = 1, the most tokens
-per unit of cost; without R, `choose_length` maximises mean_b AL_b(D_k) / cost_k).
+R_b is the tokens row b may still make and r_b its long-run tokens per unit of round cost (an
+exponentially weighted average over earlier rounds, `rate_decay`; before the first, the best
+AL_b(D_k) / cost_k with every position proposed): a batch decodes until its last row is done, so
+k* is the length after which the batch is projected to finish soonest. Which row finishes last is
+uncertain while much is left, so the max over rows is softened with tau = sqrt(mean R) / (2 mean r)
+(about the spread of a row's finish): early on k* maximises the rows' summed progress this round
+at the long-run price of a token, near the end it serves the straggler. A row's rate, not this
+round's draft, picks the straggler: an n-gram row without a match this round is not, by that
+alone, the row that decides the batch. At B = 1 with r = max_k AL(D_k) / cost_k this is the most
+tokens per unit of cost (without R, `choose_length` maximises mean_b AL_b(D_k) / cost_k).
 
 A plain round (D_k = 0) runs m = `plain_steps` target steps (default 4, at most D_max + 1), each
 sampling the next token from the target as plain decoding does, so the round's fixed work (the
@@ -277,6 +285,7 @@ class AdaptiveState:
   chosen: jax.Array        # [len(lengths)] rounds that verified each length
   last: jax.Array          # [] the index into lengths of the last round's width
   mix: jax.Array           # [P] weights of params.cost's paddings at this call's prompt padding
+  rate: jax.Array          # [B] tokens per unit of round cost over earlier rounds (0: none yet)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,6 +298,7 @@ class AdaptiveDrafter:
   plain_steps: int = 4                  # target steps per plain round (at most D_max + 1)
   explore_every: int = 4                # a serial drafter drafts one past the verified length
                                         # in every this many rounds (0: never)
+  rate_decay: float = 0.1               # weight of a round in the rows' long-run token rates
 
   def __post_init__(self):
     if not (isinstance(self.plain_steps, int) and self.plain_steps >= 1):
@@ -359,7 +369,7 @@ class AdaptiveDrafter:
     return AdaptiveState(self.inner.init_state(params.inner, prompt, ctx, max_len),
                          jnp.broadcast_to(params.prior, (b, self.num_draft)),
                          jnp.zeros((len(self.lengths),), jnp.int32), jnp.zeros((), jnp.int32),
-                         padding_weights(params.log_padding, width))
+                         padding_weights(params.log_padding, width), jnp.zeros((b,), jnp.float32))
 
   def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key, num=None):
     extra = {} if num is None else {"num": num}
@@ -388,18 +398,35 @@ class AdaptiveDrafter:
              live: jax.Array, remaining: jax.Array | None = None) -> jax.Array:
     """The index into `lengths` this round verifies (from earlier rounds and this draft only;
     `remaining` [B]: the tokens each row may still make, `choose_length`)."""
-    b, d = state.est.shape
-    cost = cost_at(params.cost, state.mix)[self._cost_row(b)]
+    cost = self._cost(params, state)
+    rate = None if remaining is None else self._rate(state, cost)
     return choose_length(state.est, draft_len, live, self.lengths, cost, self.plain_block,
-                         remaining)
+                         remaining, rate)
 
-  def observe(self, state: AdaptiveState, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
-              draft_tokens: jax.Array, draft_len: jax.Array, live: jax.Array) -> AdaptiveState:
-    """Folds this round's outcomes into the estimates (after the choice was made)."""
+  def _cost(self, params, state: AdaptiveState) -> jax.Array:
+    return cost_at(params.cost, state.mix)[self._cost_row(state.est.shape[0])]
+
+  def _rate(self, state: AdaptiveState, cost: jax.Array) -> jax.Array:
+    """[B] the rows' long-run tokens per unit of cost; before any round, the best
+    AL_b(D_k) / cost_k of the current estimates with every position proposed."""
+    b, d = state.est.shape
+    al = expected_lengths(state.est, jnp.full((b,), d, jnp.int32), self.lengths, self.plain_block)
+    return jnp.where(state.rate > 0, state.rate, jnp.max(al / cost, axis=1))
+
+  def observe(self, params, state: AdaptiveState, k: jax.Array, n_acc: jax.Array,
+              emitted: jax.Array, draft_tokens: jax.Array, draft_len: jax.Array,
+              live: jax.Array) -> AdaptiveState:
+    """Folds this round's outcomes into the estimates and the rows' token rates (after the choice
+    was made)."""
     width = jnp.asarray(self.lengths, jnp.int32)[k]
     est = update_estimates(state.est, width, n_acc, emitted, draft_tokens, draft_len, live,
                            self.decay)
-    return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1), last=k)
+    cost = self._cost(params, state)
+    tokens = jnp.where(width == 0, float(self.plain_block), n_acc.astype(jnp.float32) + 1.0)
+    prev = self._rate(state, cost)
+    rate = jnp.where(live, prev + self.rate_decay * (tokens / cost[k] - prev), state.rate)
+    return dataclasses.replace(state, est=est, chosen=state.chosen.at[k].add(1), last=k,
+                               rate=rate)
 
 
 def time_rounds(run, params: AdaptiveParams, state, lengths: tuple[int, ...], *, tokens: int = 8,
@@ -492,17 +519,26 @@ def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, .
 
 
 def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: int = 1,
-                  remaining=None):
+                  remaining=None, rate=None):
   """The index into `lengths` to verify. Without `remaining`: the most tokens per unit cost,
-  mean_b AL_b(D_k) / cost_k over the live rows. With `remaining` [B] (tokens each row still has to
-  make): a batch decodes until its last row is done, so the length that finishes the batch soonest
-  were it verified from now on, argmin_k cost_k max_b remaining_b / AL_b(D_k) over the live rows;
-  the same choice at B = 1."""
+  mean_b AL_b(D_k) / cost_k over the live rows. With `remaining` [B] (tokens each row may still
+  make) and `rate` [B] (each row's long-run tokens per unit of cost; default: its best
+  AL_b(D_k) / cost_k this round): the length after which the batch is projected to finish
+  soonest, argmin_k tau logsumexp_b(F_b(k) / tau), F_b(k) = cost_k + max(R_b - AL_b(D_k), 0) / r_b
+  over the live rows, tau = sqrt(mean R) / (2 mean r) (the module docstring); at B = 1 with the
+  default rate, the same choice as without `remaining` while R exceeds every AL."""
   al = expected_lengths(est, draft_len, lengths, plain)           # [B, K]
   if remaining is not None:
-    rounds = jnp.maximum(remaining, 1).astype(est.dtype)[:, None] / al
-    finish = jnp.max(jnp.where(live[:, None], rounds, 0.0), axis=0) * cost
-    return jnp.argmin(finish).astype(jnp.int32)                  # ties: the shorter length
+    if rate is None:
+      rate = jnp.max(al / cost, axis=1)
+    rem = jnp.maximum(remaining, 1).astype(est.dtype)
+    w = live.astype(est.dtype)
+    n = jnp.maximum(jnp.sum(w), 1.0)
+    rate = jnp.maximum(rate, 1e-6)
+    tau = jnp.sqrt(jnp.sum(rem * w) / n) / (2.0 * jnp.sum(rate * w) / n)
+    finish = cost[None, :] + jnp.maximum(rem[:, None] - al, 0.0) / rate[:, None]   # [B, K]
+    z = jnp.where(live[:, None], finish / tau, -1e30)
+    return jnp.argmin(jax.nn.logsumexp(z, axis=0)).astype(jnp.int32)   # ties: the shorter
   w = live.astype(est.dtype)[:, None]
   mean_al = jnp.sum(al * w, axis=0) / jnp.maximum(jnp.sum(w), 1.0)
   return jnp.argmax(mean_al / cost).astype(jnp.int32)            # ties: the shorter length

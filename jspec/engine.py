@@ -163,7 +163,8 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
             for w in lengths],
         state, draft, draft_len, sampling, verify_keys)
     out_cache = state.cache.write_block(*new_kv)
-    dstate = drafter.observe(dstate, k, n_acc, new, draft.tokens, draft_len, live)
+    dstate = drafter.observe(drafter_params, dstate, k, n_acc, new, draft.tokens, draft_len,
+                             live)
     draft_len = jnp.minimum(draft_len, jnp.asarray(lengths, jnp.int32)[k])
     plain = getattr(drafter, "plain_block", 1)
     if plain > 1 and draft.extra is None:

@@ -352,30 +352,90 @@ def test_serial_drafters_explore_one_past_the_verified_length(tiny):
   assert np.asarray(state.drafter_state.chosen).tolist() == [0, 9, 0]
 
 
+def _finish_choice(est, draft_len, live, lengths, cost, plain, rem, rate):
+  """A direct NumPy reading of the batch rule in the jspec.adaptive docstring."""
+  est, cost = np.asarray(est, np.float64), np.asarray(cost, np.float64)
+  rem, rate = np.maximum(np.asarray(rem, np.float64), 1), np.asarray(rate, np.float64)
+  al = np.ones((est.shape[0], len(lengths)))
+  for b in range(est.shape[0]):
+    for k, d in enumerate(lengths):
+      if d == 0:
+        al[b, k] = plain
+      for i in range(min(d, int(draft_len[b]))):
+        al[b, k] += np.prod(est[b, :i + 1])
+  live = np.asarray(live)
+  tau = np.sqrt(rem[live].mean()) / (2 * rate[live].mean())
+  finish = cost[None, :] + np.maximum(rem[:, None] - al, 0) / rate[:, None]
+  j = [tau * np.log(np.sum(np.exp(finish[live, k] / tau))) for k in range(len(lengths))]
+  return int(np.argmin(j))
+
+
 def test_choice_by_the_row_that_finishes_last():
-  """With `remaining`: the length that finishes the batch soonest, cost_k max_b rem_b / AL_b(k)."""
-  est = jnp.asarray([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]], jnp.float32)
-  lengths, draft_len, live = (0, 1, 3), jnp.asarray([3, 3]), jnp.asarray([True, True])
-  cost = jnp.asarray([3.6, 1.1, 1.5])           # a plain round: 3 steps at 1.2
-  # mean AL (3, 1.5, 2.28): D = 3 has the most per cost (1.52 vs 0.83, 1.36); but row 1 makes
-  # 1.1 (D = 1) or 1.11 (D = 3) tokens per round: with 20 tokens left in each row, the batch ends
-  # after 3.6 x 20 / 3 = 24 (plain), 1.1 x 20 / 1.1 = 20 (D = 1) or 1.5 x 20 / 1.11 = 27 (D = 3)
-  assert int(choose_length(est, draft_len, live, lengths, cost, plain=3)) == 2
-  rem = jnp.asarray([20, 20])
-  al = np.asarray(expected_lengths(est, draft_len, lengths, 3))
-  finish = cost * np.max(20 / al, axis=0)
-  assert int(choose_length(est, draft_len, live, lengths, cost, 3, rem)) == int(np.argmin(finish))
-  assert int(np.argmin(finish)) == 1
-  # row 1 nearly done: row 0 sets the finish, D = 3 pays (1.5 x 20 / 3.44 = 8.7 < 11.6, 24)
-  assert int(choose_length(est, draft_len, live, lengths, cost, 3, jnp.asarray([20, 2]))) == 2
-  # a finished row does not count, whatever it has left
-  assert int(choose_length(est, draft_len, jnp.asarray([True, False]), lengths, cost, 3,
-                           rem)) == 2
-  # one row: the same choice as by mean AL per cost
+  """With `remaining` and the rows' long-run rates: the length after which the batch is projected
+  to finish soonest, the max over rows softened by the spread of the finish times."""
+  est = jnp.asarray([[0.8, 0.8, 0.8], [0.8, 0.8, 0.8]], jnp.float32)
+  lengths, live, plain = (0, 1, 3), jnp.asarray([True, True]), 3
+  cost = jnp.asarray([3.3, 1.1, 1.4])           # a plain round: 3 steps at 1.1
+  draft_len, rem = jnp.asarray([3, 0]), jnp.asarray([40, 40])     # row 1: no match this round
+  # row 0 makes 3 / 1.8 / 2.952 tokens (D = 0, 1, 3), row 1 3 / 1 / 1. Equal rates (1 token per
+  # unit): finishes 40.3 / 39.3 / 38.448 and 40.3 / 40.1 / 40.4; tau = sqrt(40) / 2 = 3.16 makes
+  # D = 3 the best (41.76 vs 42.49, 41.92), as by the rows' summed progress. The rule that priced
+  # every round at this round's tokens, cost_k max_b R_b / AL_b(k), let the row without a match
+  # force a plain round (44, 44, 56).
+  equal = jnp.asarray([1.0, 1.0])
+  assert int(choose_length(est, draft_len, live, lengths, cost, plain, rem, equal)) == 2
+  # row 1 making half the tokens per unit over earlier rounds: it decides the batch, and this
+  # round gives it nothing past a plain round's (finishes 77.3 / 79.1 / 79.4)
+  slow = jnp.asarray([1.0, 0.5])
+  assert int(choose_length(est, draft_len, live, lengths, cost, plain, rem, slow)) == 0
+  # ... unless it is done: a finished row does not count, whatever it has left
+  assert int(choose_length(est, draft_len, jnp.asarray([True, False]), lengths, cost, plain, rem,
+                           slow)) == 2
+  # against a direct reading of the rule, random batches near and far from the end
+  rng = np.random.default_rng(0)
+  for _ in range(40):
+    e = rng.uniform(0.05, 0.95, (4, 3)).astype(np.float32)
+    dl, r = rng.integers(0, 4, 4), rng.integers(1, 30, 4)
+    rt, lv = rng.uniform(0.5, 2.5, 4), rng.random(4) < 0.8
+    lv[0] = True
+    c = np.sort(rng.uniform(0.9, 2.0, 3)) * np.asarray([3.0, 1.0, 1.0])
+    got = int(choose_length(jnp.asarray(e), jnp.asarray(dl), jnp.asarray(lv), lengths,
+                            jnp.asarray(c, jnp.float32), plain, jnp.asarray(r),
+                            jnp.asarray(rt, jnp.float32)))
+    assert got == _finish_choice(e, dl, lv, lengths, c, plain, r, rt)
+  # one row, its rate the best AL / cost (the default): the same choice as by AL per cost
   for c in ([3.6, 1.1, 1.5], [2.0, 1.1, 3.0], [3.0, 2.0, 2.1]):
     c = jnp.asarray(c)
     assert int(choose_length(est[:1], draft_len[:1], live[:1], lengths, c, 3, rem[:1])) == \
         int(choose_length(est[:1], draft_len[:1], live[:1], lengths, c, 3))
+
+
+def test_rows_token_rates_follow_earlier_rounds():
+  """observe folds each live row's tokens per unit of the verified length's cost into its rate
+  (rate_decay); before any round the rate is the best AL / cost with every position proposed."""
+  from jspec.adaptive import AdaptiveParams, AdaptiveState
+  from jspec.drafters.ngram import NgramDrafter
+  w = AdaptiveDrafter(NgramDrafter(3), lengths=(0, 1, 3))
+  params = AdaptiveParams(None, jnp.asarray([[[3.3, 1.1, 1.4]]]), jnp.full((3,), 0.5),
+                          jnp.zeros((1,)))
+  est = jnp.asarray([[0.5, 0.5, 0.5], [0.9, 0.9, 0.9]], jnp.float32)
+  state = AdaptiveState(None, est, jnp.zeros((3,), jnp.int32), jnp.zeros((), jnp.int32),
+                        jnp.ones((1,)), jnp.zeros((2,), jnp.float32))
+  assert w.plain_block == 4
+  # AL with 3 proposals: row 0 4 / 1.5 / 1.875, row 1 4 / 1.9 / 3.439 -> best per cost 1.364, 2.456
+  prior = np.asarray([max(4 / 3.3, 1.5 / 1.1, 1.875 / 1.4), max(4 / 3.3, 1.9 / 1.1, 3.439 / 1.4)])
+  emitted = jnp.zeros((2, 4), jnp.int32)
+  live = jnp.asarray([True, False])
+  out = w.observe(params, state, jnp.int32(2), jnp.asarray([3, 0]), emitted, emitted[:, 1:],
+                  jnp.asarray([3, 3]), live)
+  assert float(out.rate[0]) == pytest.approx(prior[0] + 0.1 * (4 / 1.4 - prior[0]), rel=1e-5)
+  assert float(out.rate[1]) == 0.0                       # a finished row keeps its rate
+  again = w.observe(params, out, jnp.int32(0), jnp.asarray([0, 0]), emitted, emitted[:, 1:],
+                    jnp.asarray([3, 3]), jnp.asarray([True, True]))
+  r0 = float(out.rate[0])
+  # a plain round: its 4 steps' tokens over its cost
+  assert float(again.rate[0]) == pytest.approx(r0 + 0.1 * (4 / 3.3 - r0), rel=1e-5)
+  assert float(again.rate[1]) == pytest.approx(prior[1] + 0.1 * (4 / 3.3 - prior[1]), rel=1e-4)
 
 
 def test_timed_rounds_force_each_length_and_leave_the_run_alone(tiny):
