@@ -15,13 +15,11 @@ draft costs no drafter step) so that the estimate of the next position keeps lea
 
 R_b is the tokens row b may still make and r_b its long-run tokens per unit of round cost (an
 exponentially weighted average over earlier rounds, `rate_decay`; before the first, the best
-AL_b(D_k) / cost_k with every position proposed; never below this round's best AL_b(D_k) / cost_k,
-so that an unlucky run of rejections does not price a plain round's extra steps as a bargain): a
-batch decodes until its last row is done, so k* is the length after which the batch is projected
-to finish soonest. Which row finishes last is uncertain while much is left, so the max over rows
-is softened with tau = sqrt(mean R) / (2 mean r) (about the spread of a row's finish): early on k*
-maximises the rows' summed progress this round at the long-run price of a token, near the end it
-serves the straggler. A row's rate, not this
+AL_b(D_k) / cost_k with every position proposed): a batch decodes until its last row is done, so
+k* is the length after which the batch is projected to finish soonest. Which row finishes last is
+uncertain while much is left, so the max over rows is softened with tau = sqrt(mean R) / (2 mean r)
+(about the spread of a row's finish): early on k* maximises the rows' summed progress this round
+at the long-run price of a token, near the end it serves the straggler. A row's rate, not this
 round's draft, picks the straggler: an n-gram row without a match this round is not, by that
 alone, the row that decides the batch. At B = 1 with r = max_k AL(D_k) / cost_k this is the most
 tokens per unit of cost (without R, `choose_length` maximises mean_b AL_b(D_k) / cost_k).
@@ -524,18 +522,15 @@ def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: i
                   remaining=None, rate=None):
   """The index into `lengths` to verify. Without `remaining`: the most tokens per unit cost,
   mean_b AL_b(D_k) / cost_k over the live rows. With `remaining` [B] (tokens each row may still
-  make) and `rate` [B] (each row's long-run tokens per unit of cost, at least its best
-  AL_b(D_k) / cost_k this round, the default): the length after which the batch is projected to
-  finish soonest, argmin_k tau logsumexp_b(F_b(k) / tau),
-  F_b(k) = cost_k + max(R_b - AL_b(D_k), 0) / r_b over the live rows,
-  tau = sqrt(mean R) / (2 mean r) (the module docstring); at B = 1 with the default rate, the same
-  choice as without `remaining` while R exceeds every AL."""
+  make) and `rate` [B] (each row's long-run tokens per unit of cost; default: its best
+  AL_b(D_k) / cost_k this round): the length after which the batch is projected to finish
+  soonest, argmin_k tau logsumexp_b(F_b(k) / tau), F_b(k) = cost_k + max(R_b - AL_b(D_k), 0) / r_b
+  over the live rows, tau = sqrt(mean R) / (2 mean r) (the module docstring); at B = 1 with the
+  default rate, the same choice as without `remaining` while R exceeds every AL."""
   al = expected_lengths(est, draft_len, lengths, plain)           # [B, K]
   if remaining is not None:
-    # a row's future tokens cost at most what its best length offers it now: a rate below that
-    # (an unlucky run of rejections) would price a plain round's extra steps as a bargain
-    best = jnp.max(al / cost, axis=1)
-    rate = best if rate is None else jnp.maximum(rate, best)
+    if rate is None:
+      rate = jnp.max(al / cost, axis=1)
     rem = jnp.maximum(remaining, 1).astype(est.dtype)
     w = live.astype(est.dtype)
     n = jnp.maximum(jnp.sum(w), 1.0)
