@@ -305,6 +305,8 @@ class AdaptiveDrafter:
       raise ValueError(f"plain_steps must be an integer >= 1, got {self.plain_steps!r}")
     if not (isinstance(self.explore_every, int) and self.explore_every >= 0):
       raise ValueError(f"explore_every must be an integer >= 0, got {self.explore_every!r}")
+    if not 0.0 < self.rate_decay <= 1.0:
+      raise ValueError(f"rate_decay must be in (0, 1], got {self.rate_decay!r}")
 
   def num_to_draft(self, k: jax.Array, round_index: jax.Array) -> jax.Array:
     """[] drafts a serial drafter is asked for in a round verifying lengths[k]: the verified ones,

@@ -332,6 +332,8 @@ def test_serial_drafters_explore_one_past_the_verified_length(tiny):
       jnp.int32(1), jnp.int32(4))) == 1
   with pytest.raises(ValueError, match="explore_every"):
     AdaptiveDrafter(NgramDrafter(3), explore_every=-1)
+  with pytest.raises(ValueError, match="rate_decay"):
+    AdaptiveDrafter(NgramDrafter(3), rate_decay=0.0)
 
   sd = SpecDecoder(tiny, {"method": "draft_model", "num_speculative_tokens": 3,
                           "draft_lengths": [0, 1, 3]}, draft_model=tiny,
