@@ -10,7 +10,8 @@
 #    the plan's validation against it
 # STEPS picks which run (default: plan,suite,adversarial); SKIP_PLAN=1 drops the plan. TAG names
 # the files of 3 and 4 (default r3; the eighth measurement, auto choosing by rounds it timed
-# itself: STEPS=adversarial,repeats3 TAG=timed).
+# itself: STEPS=adversarial,repeats3 TAG=timed; the tenth, every record with its per-run speedups
+# for the goals' intervals: STEPS=adversarial,repeats3 TAG=final ADV_REPEATS=3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -41,8 +42,8 @@ fi
 
 if step adversarial; then
   $PY -m jspec.cli bench --prompts benchmarks/prompts/adversarial.jsonl --max-new-tokens 64 \
-    --drafters ngram --num-draft 1,3,auto --batch-size 1,4 --temperature 0 \
-    --plan benchmarks/plan_cpu.json --json $ADV --no-progress
+    --drafters ngram --num-draft 1,3,auto --batch-size 1,4 --repeats ${ADV_REPEATS:-1} \
+    --temperature 0 --plan benchmarks/plan_cpu.json --json $ADV --no-progress
 fi
 
 if step repeats3; then

@@ -1,23 +1,29 @@
 """The REPORT's "auto vs the best fixed D vs plain" tables from `jspec bench` JSON (adaptive_bench.sh),
-and per batch size > 1 how many of the batch's row-rounds were live (the straggler table):
+where the records have their per-run speedups the issue's two goals judged with 90% intervals (the
+best fixed D picked without the run it is compared on), and per batch size > 1 how many of the
+batch's row-rounds were live (the straggler table):
 .venv/bin/python benchmarks/adaptive_table.py benchmarks/adaptive_bench_cpu.json [more.json ...]"""
 import json
 import sys
 
+from jspec.bench import stats
 from jspec.plan.validate import batch_acceptance
 
 LENGTHS = (0, 1, 2, 3, 5, 7)
 
 
-def rows(results):
+def _by_row(results):
   by = {}
   for r in results:
     by.setdefault((r["drafter"], r["batch_size"], r["category"]), {})[str(r["num_draft"])] = r
+  return sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] == "all", kv[0][2]))
+
+
+def rows(results):
   print("| drafter | B | category | auto | best fixed | auto vs best | auto vs plain | fixed D "
         "| auto rounds at D (0/1/2/3/5/7) |")
   print("|---|---|---|---|---|---|---|---|---|")
-  for (drafter, b, cat), runs in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1],
-                                                                     kv[0][2] == "all", kv[0][2])):
+  for (drafter, b, cat), runs in _by_row(results):
     auto = runs.get("auto")
     fixed = {int(d): r["speedup"] for d, r in runs.items() if d != "auto"}
     if auto is None or not fixed:
@@ -30,6 +36,33 @@ def rows(results):
     print(f"| {drafter} | {b} | {name} | {a:.2f} | {fixed[best]:.2f} (D={best}) | "
           f"{100 * (a / fixed[best] - 1):+.0f}% | {100 * (a - 1):+.0f}% | "
           f"{', '.join(f'{fixed[d]:.2f}' for d in sorted(fixed))} | {counts} |")
+
+
+def _cell(xs, threshold):
+  if len(xs) < 3:
+    return f"{100 * (stats.quantile(xs, 0.5) - 1):+.0f}% | n/a"
+  iv = stats.median_interval(xs)
+  return (f"{100 * (stats.quantile(xs, 0.5) - 1):+.0f}% [{100 * (iv[0] - 1):+.0f}, "
+          f"{100 * (iv[1] - 1):+.0f}] | {stats.verdict(iv, threshold)}")
+
+
+def goals(results):
+  """Goal 1: auto at most 3% slower than plain; goal 2: within 5% of the best fixed D. Medians of
+  the paired per-run ratios with 90% bootstrap intervals; a goal 'holds' when the whole interval
+  clears it, 'fails' when none of it does, else the runs cannot tell ('open'); no verdict on fewer
+  than 3 runs."""
+  print("| drafter | B | category | runs | auto vs plain [90%] | >= -3% | auto vs best fixed, "
+        "held out [90%] | within 5% |")
+  print("|---|---|---|---|---|---|---|---|")
+  for (drafter, b, cat), runs in _by_row(results):
+    auto = runs.get("auto")
+    fixed = {d: r["speedup_runs"] for d, r in runs.items() if d != "auto"}
+    if auto is None or not fixed or "speedup_runs" not in auto:
+      continue
+    a = auto["speedup_runs"]
+    name = f"**{cat}**" if cat == "all" else cat
+    vs_best = _cell(stats.held_out_ratios(a, fixed), 0.95) if len(a) >= 2 else "n/a | n/a"
+    print(f"| {drafter} | {b} | {name} | {len(a)} | {_cell(a, 0.97)} | {vs_best} |")
 
 
 def stragglers(results):
@@ -49,5 +82,8 @@ for path in sys.argv[1:]:
   results = json.load(open(path))["results"]
   rows(results)
   print()
+  if any("speedup_runs" in r for r in results):
+    goals(results)
+    print()
   stragglers(results)
   print()

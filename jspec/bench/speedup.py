@@ -43,6 +43,8 @@ RECORD_FIELDS = {
     "speedup_p75": (float, "third quartile"),
     "speedup_min": (float, "smallest per-run speedup"),
     "speedup_max": (float, "largest per-run speedup"),
+    "speedup_runs": (list, "the per-run speedups in run order (batches, then repeats), the same "
+                     "order in every config's record of a category and batch size: paired"),
     "draft_time_share": (float, "rounds x measured draft time / decode time"),
     "verify_time_share": (float, "rounds x measured verify time / decode time"),
     "t1_ms": (float, "plain decode step (decode time / steps)"),
@@ -161,7 +163,7 @@ def _record(key, acc: _Acc, parts_by_cat: dict, roofline: float, temperature: fl
       per_position_acceptance=[a / max(acc.rounds, 1) for a in acc.accepted_at],
       tokens_per_s=acc.tokens / acc.decode_s, baseline_tokens_per_s=acc.base_tokens / acc.base_decode_s,
       speedup=spread["median"], speedup_p25=spread["p25"], speedup_p75=spread["p75"],
-      speedup_min=spread["min"], speedup_max=spread["max"],
+      speedup_min=spread["min"], speedup_max=spread["max"], speedup_runs=list(acc.ratios),
       draft_time_share=acc.steps * t_draft / acc.decode_s,
       verify_time_share=acc.steps * t_verify / acc.decode_s,
       t1_ms=1e3 * t1, verify_ms=1e3 * t_verify, draft_ms=1e3 * t_draft,

@@ -5,6 +5,7 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
 
 from jspec import cli
@@ -40,6 +41,15 @@ def test_every_record_follows_the_schema(report):
     ppa = r["per_position_acceptance"]
     assert all(a >= b for a, b in zip(ppa, ppa[1:]))
     assert r["same_as_plain"] is True           # greedy: lossless means identical
+    assert len(r["speedup_runs"]) == r["num_runs"]
+    assert r["speedup"] == pytest.approx(np.median(r["speedup_runs"]), rel=1e-12)
+  # "all" pools the categories' runs in one order, the same in every configuration (paired)
+  for r in rows:
+    if r["category"] == "all":
+      parts = [q["speedup_runs"] for q in rows if q["category"] != "all" and
+               (q["drafter"], q["num_draft"], q["batch_size"]) ==
+               (r["drafter"], r["num_draft"], r["batch_size"])]
+      assert r["speedup_runs"] == [x for p in parts for x in p]
   json.loads(json.dumps(report))
   assert report["schema"] == speedup.SCHEMA
 
