@@ -6,6 +6,8 @@ batch's row-rounds were live (the straggler table):
 import json
 import sys
 
+import numpy as np
+
 from jspec.bench import stats
 from jspec.plan.validate import batch_acceptance
 
@@ -46,14 +48,21 @@ def _cell(xs, threshold):
           f"{100 * (iv[1] - 1):+.0f}] | {stats.verdict(iv, threshold)}")
 
 
-def goals(results):
+def repeat_noise(runs, repeats):
+  """The timing noise of one run: the standard deviation of log(speedup) between repeats of the same
+  batch (runs are ordered batch by batch, `repeats` each), pooled over the batches."""
+  x = np.log(np.asarray(runs, np.float64)).reshape(-1, repeats)
+  return float(np.sqrt(np.sum((x - x.mean(axis=1, keepdims=True)) ** 2) / (x.size - len(x))))
+
+
+def goals(results, repeats):
   """Goal 1: auto at most 3% slower than plain; goal 2: within 5% of the best fixed D. Medians of
   the paired per-run ratios with 90% bootstrap intervals; a goal 'holds' when the whole interval
   clears it, 'fails' when none of it does, else the runs cannot tell ('open'); no verdict on fewer
-  than 3 runs."""
+  than 3 runs. The noise per run is `repeat_noise` of auto's speedups."""
   print("| drafter | B | category | runs | auto vs plain [90%] | >= -3% | auto vs best fixed, "
-        "held out [90%] | within 5% |")
-  print("|---|---|---|---|---|---|---|---|")
+        "held out [90%] | within 5% | noise per run |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for (drafter, b, cat), runs in _by_row(results):
     auto = runs.get("auto")
     fixed = {d: r["speedup_runs"] for d, r in runs.items() if d != "auto"}
@@ -62,7 +71,8 @@ def goals(results):
     a = auto["speedup_runs"]
     name = f"**{cat}**" if cat == "all" else cat
     vs_best = _cell(stats.held_out_ratios(a, fixed), 0.95) if len(a) >= 2 else "n/a | n/a"
-    print(f"| {drafter} | {b} | {name} | {len(a)} | {_cell(a, 0.97)} | {vs_best} |")
+    noise = f"{100 * repeat_noise(a, repeats):.0f}%" if repeats > 1 else "n/a"
+    print(f"| {drafter} | {b} | {name} | {len(a)} | {_cell(a, 0.97)} | {vs_best} | {noise} |")
 
 
 def stragglers(results):
@@ -79,11 +89,12 @@ def stragglers(results):
 
 
 for path in sys.argv[1:]:
-  results = json.load(open(path))["results"]
+  report = json.load(open(path))
+  results = report["results"]
   rows(results)
   print()
   if any("speedup_runs" in r for r in results):
-    goals(results)
+    goals(results, report["settings"]["repeats"])
     print()
   stragglers(results)
   print()

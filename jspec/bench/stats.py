@@ -43,19 +43,21 @@ def median_interval(xs: Sequence[float], level: float = 0.9, draws: int = 4000,
 
 
 def held_out_ratios(runs: Sequence[float], rivals: dict, higher_is_better: bool = True) -> list:
-  """Per run j, runs[j] over the rival whose median over the *other* runs is best; rivals maps a
-  name to its per-run values, paired with `runs` (the same batch and repeat at each index). The
-  best of several noisy medians picked in hindsight is biased up (its own luck picks it), so the
-  rival run j is judged by is chosen without run j. Needs at least 2 runs."""
+  """Per run j, runs[j] over the rival whose geometric mean over the *other* runs is best; rivals
+  maps a name to its per-run values, paired with `runs` (the same batch and repeat at each index).
+  The best of several noisy rivals picked in hindsight is biased up (its own luck picks it), so the
+  rival run j is judged by is chosen without run j (by the mean log, which a category mixing fast
+  and slow prompts does not flip the way a median of few runs does). Needs at least 2 runs."""
   n = len(runs)
   if n < 2:
     raise ValueError(f"held-out ratios need at least 2 paired runs, got {n}")
   if not rivals or any(len(v) != n for v in rivals.values()):
     raise ValueError(f"every rival needs {n} runs paired with the compared ones")
+  logs = {k: np.log(np.asarray(v, np.float64)) for k, v in rivals.items()}
   sign = 1.0 if higher_is_better else -1.0
   out = []
   for j in range(n):
-    rest = {k: quantile([x for i, x in enumerate(v) if i != j], 0.5) for k, v in rivals.items()}
+    rest = {k: (x.sum() - x[j]) / (n - 1) for k, x in logs.items()}
     pick = max(rest, key=lambda k: sign * rest[k])
     out.append(runs[j] / rivals[pick][j])
   return out

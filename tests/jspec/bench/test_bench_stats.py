@@ -71,12 +71,12 @@ def test_median_interval_covers_the_true_median():
 
 def test_held_out_ratios_by_hand():
   runs = [1.0, 1.0, 1.0, 1.0]
-  rivals = {"a": [1.0, 1.0, 1.0, 2.0], "b": [1.1, 1.1, 0.5, 1.1]}
-  # without run j: a's medians 1, 1, 1, 1; b's 1.1, 1.1, 1.1, 1.1 -> b every time
-  assert stats.held_out_ratios(runs, rivals) == pytest.approx([1 / 1.1, 1 / 1.1, 2.0, 1 / 1.1])
-  # lower is better: a every time
+  rivals = {"a": [1.0, 1.0, 1.0, 4.0], "b": [2.0, 2.0, 2.0, 0.5]}
+  # geometric means without run j: a 4^(1/3), b 2^(1/3) for j < 3; a 1, b 2 for j = 3
+  assert stats.held_out_ratios(runs, rivals) == pytest.approx([1.0, 1.0, 1.0, 2.0])
+  # lower is better: b, b, b, then a
   assert stats.held_out_ratios(runs, rivals, higher_is_better=False) == pytest.approx(
-      [1.0, 1.0, 1.0, 0.5])
+      [0.5, 0.5, 0.5, 0.25])
   with pytest.raises(ValueError, match="at least 2"):
     stats.held_out_ratios([1.0], {"a": [1.0]})
   with pytest.raises(ValueError, match="paired"):
