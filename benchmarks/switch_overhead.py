@@ -1,31 +1,77 @@
-"""lax.switch overhead of the adaptive round: a fixed D against adaptive configs forced to verify
-the same D every round (same rounds, same acceptance), real model, ngram, B in {1, 4}, medians of 5
-interleaved runs of ms per round. Run on a quiet machine: .venv/bin/python benchmarks/switch_overhead.py"""
-import time, json, numpy as np
+"""What the adaptive program's rounds cost against the programs they stand in for, on the default
+model: plain decoding, a fixed D, the adaptive program forced to that D every round, the adaptive
+program forced to plain rounds, and the adaptive program choosing ("auto", round costs timed at
+compile). Speedups over plain decoding of the same batch, medians of interleaved runs; JSON out.
+Run on a quiet machine:
+  .venv/bin/python benchmarks/switch_overhead.py --method eagle3 --batch-sizes 1,4 --json out.json
+"""
+import argparse
+import dataclasses
+import json
+
+import jax.numpy as jnp
+import numpy as np
+
 import models
 from jspec import SpecDecoder
-from jspec.adaptive import CostTable
+from jspec.bench.suite import load, select
+from jspec.decode import Decoder
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--method", default="ngram")
+ap.add_argument("--num-draft", type=int, default=1)
+ap.add_argument("--batch-sizes", default="1,4")
+ap.add_argument("--categories", default="math,writing,coding,multi_turn")
+ap.add_argument("--max-new-tokens", type=int, default=64)
+ap.add_argument("--repeats", type=int, default=4)
+ap.add_argument("--json", default=None)
+args = ap.parse_args()
+
 lm = models.load("smollm2-135m-instruct")
 tok = lm.tokenizer
-p = "Rename x to total and give the whole function back: def add_all(vals):\n    x = 0\n    for v in vals:\n        x += v\n    return x"
-ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": p}]))
-res = {}
-for B in (1, 4):
-  batch = [ids] * B
-  decs = {}
-  for d in (1, 3):
-    decs[f"fixed{d}"] = SpecDecoder(lm.model, {"method": "ngram", "num_speculative_tokens": d}, eos_ids=tok.eos_ids)
-    decs[f"switch{d}"] = SpecDecoder(lm.model, {"method": "ngram", "num_speculative_tokens": d, "draft_lengths": [0, d]},
-                                      eos_ids=tok.eos_ids, cost_table=CostTable({1: {1: 100.0, d + 1: 1.0}}))
-    decs[f"switch6_{d}"] = SpecDecoder(lm.model, {"method": "ngram", "num_speculative_tokens": "auto"},
-                                      eos_ids=tok.eos_ids, cost_table=CostTable({1: {1: 100.0, 2: 100, 3: 100, 4: 100, 6: 100, 8: 100, d+1: 1.0}}))
-  for k, dec in decs.items():
-    dec.generate(batch, max_new_tokens=48)
-  times = {k: [] for k in decs}
-  for r in range(5):
-    for k, dec in decs.items():
-      out = dec.generate(batch, max_new_tokens=48)
-      times[k].append(out.decode_s / max(out.steps, 1) * 1e3)
-      if r == 0: print(B, k, out.steps, out.acceptance_length, out.verified_lengths, flush=True)
-  res[B] = {k: float(np.median(v)) for k, v in times.items()}
-  print(B, json.dumps(res[B]), flush=True)
+prompts = select(load("benchmarks/prompts/suite.jsonl"), args.categories.split(","), 1)
+ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
+kw = dict(max_new_tokens=args.max_new_tokens, pad_to=512)
+d = args.num_draft
+
+
+def forced(length):
+  """The adaptive program with every round forced to verify `length` (0: plain rounds)."""
+  dec = SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": "auto"},
+                    eos_ids=tok.eos_ids, time_rounds=False)
+  k = dec.drafter.lengths.index(length)
+  cost = dec.drafter_params.cost
+  dec.drafter_params = dataclasses.replace(
+      dec.drafter_params, cost=jnp.where(jnp.arange(cost.shape[-1]) == k, 1.0, 1e3) * jnp.ones_like(cost))
+  return dec
+
+
+decs = {"plain": Decoder(lm.model, eos_ids=tok.eos_ids),
+        f"fixed{d}": SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": d},
+                                 eos_ids=tok.eos_ids),
+        f"forced{d}": forced(d), "forced_plain": forced(0),
+        "auto": SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": "auto"},
+                            eos_ids=tok.eos_ids, cost_table="benchmarks/plan_cpu.json")}
+report = dict(method=args.method, num_draft=d, categories=args.categories,
+              max_new_tokens=args.max_new_tokens, repeats=args.repeats, results={})
+for b in map(int, args.batch_sizes.split(",")):
+  batch = [ids[j % len(ids)] for j in range(b)]
+  for dec in decs.values():
+    dec.generate(batch, **kw)                      # compile and warm up
+  times = {n: [] for n in decs}
+  rounds = {}
+  for r in range(args.repeats):
+    for n, dec in (list(decs.items()) if r % 2 == 0 else list(decs.items())[::-1]):
+      out = dec.generate(batch, **kw)
+      times[n].append(out.decode_s)
+      rounds[n] = getattr(out, "verified_lengths", None)
+  med = {n: float(np.median(v)) for n, v in times.items()}
+  report["results"][b] = dict(
+      speedup={n: med["plain"] / v for n, v in med.items()}, decode_s=med,
+      auto_round_costs_s=decs["auto"].generate(batch, **kw).round_costs,
+      verified_lengths={n: v for n, v in rounds.items() if v})
+  print(b, json.dumps(report["results"][b]["speedup"]), flush=True)
+  for dec in decs.values():
+    dec.clear_compiled()
+if args.json:
+  json.dump(report, open(args.json, "w"), indent=1, default=str)
