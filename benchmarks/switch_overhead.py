@@ -3,7 +3,7 @@ model: plain decoding, a fixed D, the adaptive program forced to that D every ro
 program forced to plain rounds, and the adaptive program choosing ("auto", round costs timed at
 compile). Speedups over plain decoding of the same batch, medians of interleaved runs; JSON out.
 Run on a quiet machine:
-  .venv/bin/python benchmarks/switch_overhead.py --method eagle3 --batch-sizes 1,4 --json out.json
+  .venv/bin/python benchmarks/switch_overhead.py --method eagle3 --plain-steps 4,7 --json out.json
 """
 import argparse
 import dataclasses
@@ -24,6 +24,7 @@ ap.add_argument("--batch-sizes", default="1,4")
 ap.add_argument("--categories", default="math,writing,coding,multi_turn")
 ap.add_argument("--max-new-tokens", type=int, default=64)
 ap.add_argument("--repeats", type=int, default=4)
+ap.add_argument("--plain-steps", default="4", help="target steps per forced plain round, a list")
 ap.add_argument("--json", default=None)
 args = ap.parse_args()
 
@@ -35,10 +36,12 @@ kw = dict(max_new_tokens=args.max_new_tokens, pad_to=512)
 d = args.num_draft
 
 
-def forced(length):
-  """The adaptive program with every round forced to verify `length` (0: plain rounds)."""
+def forced(length, plain_steps=4):
+  """The adaptive program with every round forced to verify `length` (0: plain rounds of
+  `plain_steps` target steps)."""
   dec = SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": "auto"},
                     eos_ids=tok.eos_ids, time_rounds=False)
+  dec.drafter = dataclasses.replace(dec.drafter, plain_steps=plain_steps)
   k = dec.drafter.lengths.index(length)
   cost = dec.drafter_params.cost
   dec.drafter_params = dataclasses.replace(
@@ -49,11 +52,14 @@ def forced(length):
 decs = {"plain": Decoder(lm.model, eos_ids=tok.eos_ids),
         f"fixed{d}": SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": d},
                                  eos_ids=tok.eos_ids),
-        f"forced{d}": forced(d), "forced_plain": forced(0),
+        f"forced{d}": forced(d),
+        **{"forced_plain" + ("" if s == 4 else f"{s}"): forced(0, s)
+           for s in map(int, args.plain_steps.split(","))},
         "auto": SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": "auto"},
                             eos_ids=tok.eos_ids, cost_table="benchmarks/plan_cpu.json")}
 report = dict(method=args.method, num_draft=d, categories=args.categories,
-              max_new_tokens=args.max_new_tokens, repeats=args.repeats, results={})
+              max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+              plain_steps=args.plain_steps, results={})
 for b in map(int, args.batch_sizes.split(",")):
   batch = [ids[j % len(ids)] for j in range(b)]
   for dec in decs.values():
