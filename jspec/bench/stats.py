@@ -1,4 +1,5 @@
-"""Summary statistics the benchmarks report: median and spread of per-batch ratios."""
+"""Summary statistics the benchmarks report: median and spread of per-run ratios, bootstrap
+intervals of a median, ratios against a rival picked without the run, goal verdicts."""
 
 from __future__ import annotations
 
