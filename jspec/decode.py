@@ -32,7 +32,7 @@ def bucket(n: int, minimum: int = 16) -> int:
 def prefill(graphdef, weights, cache: KVCache, tokens: jax.Array, prompt_lens: jax.Array):
   """tokens [B, P] right-padded; returns (last-position logits [B, V], cache with lengths=prompt_lens)."""
   model = nnx.merge(graphdef, weights)
-  out = model(tokens, cache, num_new=prompt_lens, logit_indices=(prompt_lens - 1)[:, None])
+  out = model.prefill(tokens, cache, prompt_lens)
   return out.logits[:, 0], out.cache
 
 

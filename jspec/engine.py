@@ -86,8 +86,7 @@ def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
   b, p = prompt.shape
   dtype = jax.tree_util.tree_leaves(weights)[0].dtype
   cache = KVCache.init(model.config, b, max_len, dtype=dtype)
-  out = model(prompt, cache, num_new=prompt_len, logit_indices=(prompt_len - 1)[:, None],
-              taps=drafter.target_taps)
+  out = model.prefill(prompt, cache, prompt_len, taps=drafter.target_taps)
   first = sample(_step_keys(keys, jnp.int32(0), 0), out.logits[:, 0], sampling)
   tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompt)
   rows = jnp.arange(b)

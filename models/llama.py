@@ -22,6 +22,18 @@ from pallas_kernels.verify_attention import (IMPLS, attend_unwritten, attention_
                                              verify_attention)
 
 
+PREFILL_ROWS = 1024   # token rows per prefill chunk (over the batch): GEMMs this tall run near peak
+PREFILL_CHUNK_RANGE = (64, 512)
+
+
+def prefill_chunk(batch_size: int) -> int:
+  """Prompt tokens per prefill chunk for a batch: PREFILL_ROWS rows in all, within
+  PREFILL_CHUNK_RANGE, a power of two (prompt widths are bucketed to powers of two)."""
+  lo, hi = PREFILL_CHUNK_RANGE
+  want = max(1, PREFILL_ROWS // max(batch_size, 1))
+  return min(hi, max(lo, 1 << (want.bit_length() - 1)))
+
+
 class RMSNorm(nnx.Module):
 
   def __init__(self, dim: int, eps: float, *, dtype=jnp.float32):
@@ -211,6 +223,47 @@ class Llama(nnx.Module):
     advance = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
     cache = cache.with_lengths(cache.lengths + advance)
     return ForwardOutput(logits=logits, cache=cache, hidden=taps_out)
+
+  def prefill(self, tokens: jax.Array, cache: KVCache, prompt_lens: jax.Array, *,
+              taps: Sequence[int] = (), chunk: int | None = None) -> ForwardOutput:
+    """Prefill of right-padded prompts tokens [B, P] (row b holds prompt_lens[b] tokens) in chunks
+    of `chunk` tokens (default `prefill_chunk(B)`): activations stay [B, chunk, ...] whatever P
+    is, each chunk's attention reads only the keys written so far, and chunks past the longest
+    prompt are not run (a prompt width padded far past the prompts costs nothing). Returns the
+    logits at each row's last prompt token [B, 1, V], the cache with lengths advanced by
+    prompt_lens, and the taps [B, P, H] (zero past the last chunk run); equal to the one-shot
+    forward (`__call__` with num_new and logit_indices) up to rounding."""
+    b, p = tokens.shape
+    chunk = prefill_chunk(b) if chunk is None else chunk
+    if chunk < 1:
+      raise ValueError(f"prefill chunk must be >= 1, got {chunk}")
+    prompt_lens = prompt_lens.astype(jnp.int32)
+    if p <= chunk:
+      return self(tokens, cache, num_new=prompt_lens, logit_indices=(prompt_lens - 1)[:, None],
+                  taps=taps)
+    n = -(-p // chunk)
+    padded = jnp.pad(tokens, ((0, 0), (0, n * chunk - p)))                     # [B, n * chunk]
+    last = prompt_lens - 1
+    needed = (jnp.max(prompt_lens) + chunk - 1) // chunk                      # chunks to run
+
+    def body(carry):
+      i, cache, logits, hidden = carry
+      start = i * chunk
+      block = jax.lax.dynamic_slice_in_dim(padded, start, chunk, axis=1)      # [B, chunk]
+      out = self(block, cache, num_new=jnp.clip(prompt_lens - start, 0, chunk),
+                 logit_indices=jnp.clip(last - start, 0, chunk - 1)[:, None], taps=taps)
+      mine = (last >= start) & (last < start + chunk)                        # [B]
+      logits = jnp.where(mine[:, None, None], out.logits, logits)
+      hidden = tuple(jax.lax.dynamic_update_slice_in_dim(buf, h.astype(buf.dtype), start, axis=1)
+                     for buf, h in zip(hidden, out.hidden))
+      return i + 1, out.cache, logits, hidden
+
+    dtype = self.embed.embedding[...].dtype
+    hidden = tuple(jnp.zeros((b, n * chunk, self.config.hidden_size), dtype) for _ in taps)
+    logits = jnp.zeros((b, 1, self.config.vocab_size), jnp.float32)
+    _, cache, logits, hidden = jax.lax.while_loop(lambda c: c[0] < needed, body,
+                                                  (jnp.int32(0), cache, logits, hidden))
+    return ForwardOutput(logits=logits, cache=cache, hidden=tuple(h[:, :p] for h in hidden))
 
   def logits(self, x: jax.Array) -> jax.Array:
     if self.config.tie_embeddings:

@@ -1,7 +1,8 @@
 """verify_attention: reference vs a per-row numpy oracle; the GPU (Triton-style) and TPU (Mosaic)
 Pallas kernels vs the reference, in interpret mode off their device (the TPU kernel under
-`pltpu.InterpretParams`); split-KV, paged vs contiguous, layout-rule errors, lowering to Triton and
-to Mosaic-TPU, the Llama forward and a speculative generate on every path."""
+`pltpu.InterpretParams`); the CPU C++ kernel vs the oracle (and that it reads no key past a row's
+length); split-KV, paged vs contiguous, layout-rule errors, lowering to Triton and to Mosaic-TPU,
+the Llama forward and a speculative generate on every path."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from flax import nnx
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Llama
-from pallas_kernels.verify_attention import (attention_mask, choose_impl, paged_verify_attention,
+from pallas_kernels.verify_attention import (attend_unwritten, attend_unwritten_reference,
+                                             attention_mask, choose_impl, kernel_cpu,
+                                             paged_verify_attention,
                                              paged_verify_attention_reference, verify_attention,
                                              verify_attention_reference)
 
@@ -247,7 +250,8 @@ def test_llama_forward_is_the_same_on_the_kernel_path():
   prompt = jnp.asarray([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
   tree = jnp.asarray([[[1, 0, 0], [1, 1, 0], [1, 0, 1]]] * 2, bool)   # two siblings of token 0
   runs = []
-  for impl in ("reference", "pallas_gpu", "pallas_tpu"):   # kernels in interpret mode off-device
+  impls = ("reference", "pallas_gpu", "pallas_tpu") + (("cpu",) if ON_CPU else ())
+  for impl in impls:   # Pallas kernels in interpret mode off-device
     graphdef, state = nnx.split(Llama(cfg, rngs=nnx.Rngs(4), attention_impl=impl))
     forward = jax.jit(lambda state, ids, cache, **kw: nnx.merge(graphdef, state)(ids, cache, **kw))
     prefill = forward(state, prompt, KVCache.init(cfg, 2, 16), num_new=jnp.asarray([5, 3]))
@@ -255,7 +259,7 @@ def test_llama_forward_is_the_same_on_the_kernel_path():
     verify = forward(state, jnp.asarray([[1, 2, 3], [4, 5, 6]]), prefill.cache, tree_mask=tree,
                      positions=positions)
     runs.append((prefill, verify))
-  for ref, pal in [*zip(runs[0], runs[1]), *zip(runs[0], runs[2])]:
+  for ref, pal in [pair for run in runs[1:] for pair in zip(runs[0], run)]:
     np.testing.assert_allclose(np.asarray(pal.logits), np.asarray(ref.logits), atol=1e-5)
     for a, b in zip(ref.cache.k + ref.cache.v, pal.cache.k + pal.cache.v):
       np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5)
@@ -427,3 +431,105 @@ def test_paged_no_page_sentinel_and_tables_past_their_end(impl):
                                interpret=True, **(dict(block_k=16) if impl == "pallas_gpu" else {}))
   assert np.isfinite(np.asarray(out)).all()
   assert_close(out, want, jnp.float32)
+
+
+# --- The CPU kernel (kernel_cpu.cc): reads only each row's keys.
+ON_CPU = jax.default_backend() == "cpu" and kernel_cpu.available()
+needs_cpu_kernel = pytest.mark.skipif(not ON_CPU, reason="the C++ kernel runs on XLA:CPU only")
+
+# (B, T, G, KVH, S, Dh, lengths, tree): decode, chain and tree verify, ragged rows, a row at
+# length 0 and one at a full cache, new keys past the end, prefill-sized blocks (several query
+# tiles), long prefixes (keys split over threads), every head_dim the kernel instantiates.
+CPU_CASES = [
+    (2, 1, 3, 3, 80, 64, [0, 79], False),
+    (3, 4, 3, 3, 300, 64, [290, 0, 300], False),    # row 0: slots 300..; row 2: full cache
+    (2, 5, 4, 2, 200, 32, [150, 7], True),
+    (1, 8, 8, 1, 1500, 128, [1400], True),          # one KV head: splits carry the work
+    (2, 37, 3, 3, 120, 64, [0, 50], False),         # 111 rows: four query tiles
+    (1, 100, 1, 4, 128, 16, [0], False),            # prefill, MHA
+    (1, 3, 2, 2, 64, 96, [40], False),
+    (1, 2, 1, 1, 40, 256, [30], True),
+    (1, 1, 3, 3, 2100, 64, [2048], False),          # decode at a long context
+]
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("b,t,g,kvh,s,dh,lengths,tree", CPU_CASES)
+def test_cpu_kernel_matches_the_oracle(b, t, g, kvh, s, dh, lengths, tree):
+  q, k, v, lengths, tm = make_inputs(b, t, g * kvh, kvh, s, dh, lengths, tree=tree)
+  out = jax.jit(functools.partial(verify_attention, impl="cpu"))(q, k, v, lengths, tm)
+  assert out.shape == q.shape and out.dtype == q.dtype
+  np.testing.assert_allclose(np.asarray(out), oracle(q, k, v, lengths, tm), atol=2e-5)
+
+
+@needs_cpu_kernel
+def test_cpu_kernel_reads_no_key_past_a_rows_length():
+  """Slots a row does not hold are NaN: the reference masks them after the product (NaN * 0 is
+  NaN, so its output is NaN), the kernel never touches them and stays equal to the clean run."""
+  q, k, v, lengths, tm = make_inputs(3, 4, 12, 3, 512, 64, [0, 100, 400], tree=True, seed=3)
+  held = np.arange(512)[None, :] < (np.asarray(lengths) + 4)[:, None]        # [B, S]
+  poison = lambda x: jnp.where(jnp.asarray(held)[:, :, None, None], x, jnp.nan)
+  clean = verify_attention(q, k, v, lengths, tm, impl="cpu")
+  dirty = verify_attention(q, poison(k), poison(v), lengths, tm, impl="cpu")
+  np.testing.assert_array_equal(np.asarray(dirty), np.asarray(clean))
+  assert np.isnan(np.asarray(verify_attention(q, poison(k), poison(v), lengths, tm,
+                                              impl="reference"))).any()
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("tree", [False, True])
+def test_cpu_kernel_unwritten_block_matches_the_reference(tree):
+  q, k, v, lengths, tm = make_inputs(2, 5, 9, 3, 96, 64, [90, 13], tree=tree, seed=2)
+  rng = np.random.default_rng(7)
+  k_new, v_new = (jnp.asarray(rng.standard_normal((2, 5, 3, 64)), jnp.float32) for _ in range(2))
+  out = attend_unwritten(q, k, v, lengths, k_new, v_new, tm, impl="cpu")
+  want = attend_unwritten_reference(q, k, v, lengths, k_new, v_new, tm)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5)
+
+
+@needs_cpu_kernel
+def test_cpu_kernel_zeros_for_a_query_that_sees_nothing_and_its_gradient():
+  q, k, v, _, _ = make_inputs(1, 2, 2, 1, 16, 16, [0])
+  tm = jnp.asarray([[[False, False], [True, True]]])
+  out = verify_attention(q, k, v, jnp.asarray([0]), tm, impl="cpu")
+  np.testing.assert_array_equal(np.asarray(out[0, 0]), 0.0)
+  # Gradients are the reference's (inference never needs them; training code may call through).
+  q, k, v, lengths, tm = make_inputs(2, 3, 4, 2, 32, 16, [10, 20], tree=True)
+  loss = lambda impl: lambda a, b, c: jnp.sum(jnp.sin(verify_attention(a, b, c, lengths, tm,
+                                                                       impl=impl)))
+  got = jax.grad(loss("cpu"), argnums=(0, 1, 2))(q, k, v)
+  want = jax.grad(loss("reference"), argnums=(0, 1, 2))(q, k, v)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+@needs_cpu_kernel
+def test_cpu_kernel_under_vmap():
+  q, k, v, lengths, _ = make_inputs(2, 2, 6, 3, 40, 32, [5, 30])
+  stack = lambda x: jnp.stack([x, x[::-1]])
+  got = jax.vmap(lambda a, b, c, d: verify_attention(a, b, c, d, impl="cpu"))(
+      stack(q), stack(k), stack(v), stack(lengths))
+  for i, flip in enumerate((lambda x: x, lambda x: x[::-1])):
+    want = reference(flip(q), flip(k), flip(v), flip(lengths), None)
+    np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), atol=2e-5)
+
+
+def test_cpu_impl_choice(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+  monkeypatch.setattr(kernel_cpu, "available", lambda: True)
+  assert choose_impl("auto", head_dim=64, dtype=jnp.float32, group=3) == "cpu"
+  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16, group=3) == "reference"
+  assert choose_impl("auto", head_dim=80, dtype=jnp.float32) == "reference"
+  with pytest.raises(ValueError, match="bfloat16.*impl='auto'"):
+    choose_impl("cpu", head_dim=64, dtype=jnp.bfloat16)
+  mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
+  with jax.set_mesh(mesh):
+    assert choose_impl("auto", head_dim=64, dtype=jnp.float32) == "reference"
+  monkeypatch.setattr(kernel_cpu, "available", lambda: False)
+  monkeypatch.setattr(kernel_cpu, "why_unavailable", lambda: "no compiler")
+  assert choose_impl("auto", head_dim=64, dtype=jnp.float32) == "reference"
+  with pytest.raises(ValueError, match="no compiler"):
+    choose_impl("cpu", head_dim=64, dtype=jnp.float32)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  with pytest.raises(ValueError, match="another backend"):
+    choose_impl("cpu", head_dim=64, dtype=jnp.float32)
