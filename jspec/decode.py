@@ -28,9 +28,10 @@ def bucket(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << max(0, n - 1).bit_length())
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",))
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
 def prefill(graphdef, weights, cache: KVCache, tokens: jax.Array, prompt_lens: jax.Array):
-  """tokens [B, P] right-padded; returns (last-position logits [B, V], cache with lengths=prompt_lens)."""
+  """tokens [B, P] right-padded; returns (last-position logits [B, V], cache with lengths=prompt_lens).
+  The cache is donated (updated in place, no copy of it per call)."""
   model = nnx.merge(graphdef, weights)
   out = model.prefill(tokens, cache, prompt_lens)
   return out.logits[:, 0], out.cache
@@ -70,7 +71,8 @@ def _emit(state: DecodeState, logits: jax.Array, new: jax.Array, max_new: jax.Ar
   return dataclasses.replace(state, tokens=tokens, margins=margins, num_generated=n, done=done)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "buffer_len", "eos_ids"))
+@functools.partial(jax.jit, static_argnames=("graphdef", "buffer_len", "eos_ids"),
+                   donate_argnames=("cache",))
 def decode(graphdef, weights, cache: KVCache, first_logits: jax.Array, params: SamplingParams,
            keys: jax.Array, max_new: jax.Array, *, buffer_len: int, eos_ids: tuple[int, ...]):
   """Samples from the prefill logits, then one token per step until every row is done."""

@@ -38,15 +38,16 @@ def _step(graphdef, weights, cache, tokens):
 
 
 class PlainStep:
-  """One decode step per call; the cache is donated and carried, its length held fixed."""
+  """One decode step per call (a forward of `width` tokens per row: 1 + D for a verify), the cache
+  donated and carried, its length held fixed at `context`."""
 
-  def __init__(self, model: Llama, batch: int, context: int, max_len: int):
+  def __init__(self, model: Llama, batch: int, context: int, max_len: int, width: int = 1):
     self.graphdef, self.weights = nnx.split(model)
     dtype = jax.tree_util.tree_leaves(self.weights)[0].dtype
     self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
     self.cache = KVCache.init(model.config, batch, max_len, dtype=dtype).with_lengths(
         self.lengths())
-    self.tokens = jnp.ones((batch, 1), jnp.int32)
+    self.tokens = jnp.ones((batch, width), jnp.int32)
 
   def __call__(self):
     token, cache = _step(self.graphdef, self.weights, self.cache, self.tokens)
