@@ -112,6 +112,8 @@ def main(argv=None) -> None:
   p.add_argument("--repeats", type=int, default=3, help="interleaved passes over all points")
   p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
   p.add_argument("--no-padded", action="store_true", help="skip the padded-buffer comparison")
+  p.add_argument("--tiny", action="store_true",
+                 help="a tiny random model and no llama.cpp (a smoke test of the script)")
   args = p.parse_args(argv)
   try:
     check_writable(args.json)
@@ -122,11 +124,21 @@ def main(argv=None) -> None:
   if min(contexts + batches + drafts + [args.calls, args.repeats]) < 1:
     p.error("every context, batch size, draft length, --calls and --repeats must be >= 1")
 
-  from models import registry
-  loaded = registry.load(quiet=True)
-  model, cfg = loaded.model, loaded.model.config
-  if max(contexts) + NEW_TOKENS > cfg.max_position or max(q for _, q in prefills) > cfg.max_position:
-    p.error(f"contexts and prompts must leave {NEW_TOKENS} tokens of the model's "
+  if args.tiny:
+    from flax import nnx
+
+    from models import Llama, LlamaConfig
+    model, name, gguf = Llama(LlamaConfig.tiny(), rngs=nnx.Rngs(0)), "tiny", None
+    args.no_llama_cpp = True
+  else:
+    from models import registry
+    loaded = registry.load(quiet=True)
+    model, name, gguf = loaded.model, loaded.name, loaded.source
+  cfg = model.config
+  padded_len = 0 if args.no_padded else PAD_TO + NEW_TOKENS
+  if max(max(contexts) + NEW_TOKENS, padded_len, max(q for _, q in prefills)) > cfg.max_position:
+    p.error(f"each context + {NEW_TOKENS} new tokens, each prompt and the padded buffer "
+            f"({PAD_TO + NEW_TOKENS}; --no-padded skips it) must fit the model's context of "
             f"{cfg.max_position}")
 
   # Step points: (kind, B, context, width, buffer) -> callable; compiled before any timing.
@@ -144,7 +156,7 @@ def main(argv=None) -> None:
   peers = {}
   if not args.no_llama_cpp:
     for c in contexts:
-      peers[c] = LlamaCppPeer(loaded.source, c, cfg.vocab_size)
+      peers[c] = LlamaCppPeer(gguf, c, cfg.vocab_size)
   for fn in list(points.values()) + list(peers.values()):
     wall_us(fn, 1)   # compile and warm
   times = {key: [] for key in list(points) + [("llama.cpp", 1, c, 1, 0) for c in peers]}
@@ -216,7 +228,7 @@ def main(argv=None) -> None:
       command="python -m jspec.bench.long_context " + " ".join(argv if argv is not None else
                                                                os.sys.argv[1:]),
       commit=commit, backend=jax.default_backend(), device=str(jax.devices()[0]),
-      jax_version=jax.__version__, cpus=os.cpu_count(), model=loaded.name, calls=args.calls,
+      jax_version=jax.__version__, cpus=os.cpu_count(), model=name, calls=args.calls,
       repeats=args.repeats, decode=decode, verify=verify, prefill=prefill_rows,
       padded=dict(batch_size=16, prompt_tokens=64, pad_to=PAD_TO,
                   decode_ms={"unpadded": step(16, 64),
