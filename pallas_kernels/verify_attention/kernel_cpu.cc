@@ -121,7 +121,7 @@ struct Problem {
 };
 
 struct Item {
-  int64_t b, h, t0, t1, ja, jb;
+  int64_t b, h0, h1, t0, t1, ja, jb;   // row, KV heads [h0, h1), positions [t0, t1), keys [ja, jb)
   int64_t part;   // -1: writes the output; else index of its partial (m, l, acc) slot
 };
 
@@ -178,89 +178,110 @@ inline void values(const float (*p)[KB], const float* alpha, const float* const*
   }
 }
 
-// One tile of query positions [t0, t1) of row b, KV head h, over keys [ja, jb).
+// Rows [r0, r0 + R) of a tile, all of KV head h, over one block of nk keys at j0 (kp, vp): their
+// scores, masks, online-softmax update and weighted values.
+template <int ND>
+inline void block_rows(const Problem& P, const Item& it, int64_t r0, int64_t R,
+                       const float* const* qrow, const float* const* kp, const float* const* vp,
+                       int64_t j0, int nk, float* m, float* l, float* acc) {
+  const int64_t Dh = ND * VL, G = P.G, b = it.b, L = P.prefix(b);
+  alignas(64) float sc[RMAX][KB];
+  // scores: each key's row is read once from memory and reused by all R rows from L1
+  int64_t r = 0;
+  for (; r + 2 <= R; r += 2) scores<ND, 2>(qrow + r0 + r, kp, nk, P.scale, &sc[r]);
+  if (r < R) scores<ND, 1>(qrow + r0 + r, kp, nk, P.scale, &sc[r]);
+  // masks: only blocks that reach into the new tokens need them
+  if (j0 + nk > L) {
+    for (int64_t x = 0; x < R; ++x) {
+      int64_t t = it.t0 + x / G;
+      for (int jj = 0; jj < nk; ++jj) {
+        int64_t u = j0 + jj - L;
+        if (u < 0) continue;
+        bool sees = P.mask ? P.mask[(b * P.T + t) * P.T + u] : u <= t;
+        if (!sees) sc[x][jj] = -INFINITY;
+      }
+    }
+  }
+  // online softmax, then the weighted sum of values two rows at a time
+  float alpha[RMAX];
+  bool any[RMAX];
+  m += r0;
+  l += r0;
+  acc += r0 * Dh;
+  for (int64_t x = 0; x < R; ++x) {
+    vf vmx = load(&sc[x][0]);
+    for (int jj = VL; jj < KB; jj += VL) {
+      vf y = load(&sc[x][jj]);
+      vmx = y > vmx ? y : vmx;
+    }
+    float mx = vmx[0];
+    for (int i = 1; i < VL; ++i) mx = std::max(mx, vmx[i]);
+    any[x] = mx != -INFINITY;
+    if (!any[x]) continue;   // this row sees no key of this block
+    float m_new = std::max(m[x], mx);
+    alpha[x] = std::exp(m[x] - m_new);   // 0 on the first block that row sees
+    vf msplat = splat(m_new);
+    vf psum{};
+    for (int jj = 0; jj < KB; jj += VL) {
+      vf e = vexp(load(&sc[x][jj]) - msplat);
+      store(&sc[x][jj], e);
+      psum += e;
+    }
+    l[x] = l[x] * alpha[x] + hsum(psum);
+    m[x] = m_new;
+  }
+  int64_t x = 0;
+  for (; x + 2 <= R; x += 2) {
+    if (any[x] && any[x + 1])
+      values<ND, 2>(&sc[x], alpha + x, vp, nk, acc + x * Dh, Dh);
+    else
+      for (int64_t y = x; y < x + 2; ++y)
+        if (any[y]) values<ND, 1>(&sc[y], alpha + y, vp, nk, acc + y * Dh, Dh);
+  }
+  if (x < R && any[x]) values<ND, 1>(&sc[x], alpha + x, vp, nk, acc + x * Dh, Dh);
+}
+
+// Rows of a tile: per KV head h0..h1-1, the positions t0..t1-1 times the G grouped query heads.
+inline int64_t rows_per_head(const Problem& P, const Item& it) { return (it.t1 - it.t0) * P.G; }
+
+inline int64_t row_offset(const Problem& P, const Item& it, int64_t r) {   // in q and out
+  const int64_t rh = rows_per_head(P, it), G = P.G;
+  const int64_t h = it.h0 + r / rh, t = it.t0 + (r % rh) / G, g = r % G;
+  return ((it.b * P.T + t) * P.KVH * G + h * G + g) * P.Dh;
+}
+
+// One tile over keys [ja, jb). A key block's rows of every head of the tile are read together
+// (contiguous in the [B, S, KVH, Dh] cache), so a decode step reads the cache in address order.
 template <int ND>
 void attend_tile(const Problem& P, const Item& it, float* m, float* l, float* acc) {
-  const int64_t Dh = ND * VL, G = P.G, b = it.b, h = it.h;
-  const int64_t R = (it.t1 - it.t0) * G;
+  const int64_t Dh = ND * VL, b = it.b;
+  const int64_t rh = rows_per_head(P, it), R = (it.h1 - it.h0) * rh;
   const int64_t L = P.prefix(b);
-  const int64_t Hq = P.KVH * G;
   const float* qrow[RMAX];
   for (int64_t r = 0; r < R; ++r) {
-    int64_t t = it.t0 + r / G, g = r % G;
-    qrow[r] = P.q + ((b * P.T + t) * Hq + h * G + g) * Dh;
+    qrow[r] = P.q + row_offset(P, it, r);
     m[r] = -INFINITY;
     l[r] = 0.f;
   }
   std::fill(acc, acc + R * Dh, 0.f);
-  alignas(64) float sc[RMAX][KB];
   const float* kp[KB];
   const float* vp[KB];
   for (int64_t j0 = it.ja; j0 < it.jb; j0 += KB) {
     const int nk = static_cast<int>(std::min<int64_t>(KB, it.jb - j0));
-    for (int jj = 0; jj < nk; ++jj) {
-      kp[jj] = P.key(P.k, P.k_new, b, h, j0 + jj, L);
-      vp[jj] = P.key(P.v, P.v_new, b, h, j0 + jj, L);
-    }
-    // scores: each key's row is read once from memory and reused by all R rows from L1
-    int64_t r = 0;
-    for (; r + 2 <= R; r += 2) scores<ND, 2>(qrow + r, kp, nk, P.scale, &sc[r]);
-    if (r < R) scores<ND, 1>(qrow + r, kp, nk, P.scale, &sc[r]);
-    // masks: only blocks that reach into the new tokens need them
-    if (j0 + nk > L) {
-      for (int64_t r = 0; r < R; ++r) {
-        int64_t t = it.t0 + r / G;
-        for (int jj = 0; jj < nk; ++jj) {
-          int64_t u = j0 + jj - L;
-          if (u < 0) continue;
-          bool sees = P.mask ? P.mask[(b * P.T + t) * P.T + u] : u <= t;
-          if (!sees) sc[r][jj] = -INFINITY;
-        }
+    for (int64_t h = it.h0; h < it.h1; ++h) {
+      for (int jj = 0; jj < nk; ++jj) {
+        kp[jj] = P.key(P.k, P.k_new, b, h, j0 + jj, L);
+        vp[jj] = P.key(P.v, P.v_new, b, h, j0 + jj, L);
       }
+      block_rows<ND>(P, it, (h - it.h0) * rh, rh, qrow, kp, vp, j0, nk, m, l, acc);
     }
-    // online softmax, then the weighted sum of values two rows at a time
-    float alpha[RMAX];
-    bool any[RMAX];
-    for (int64_t r = 0; r < R; ++r) {
-      vf vmx = load(&sc[r][0]);
-      for (int jj = VL; jj < KB; jj += VL) {
-        vf x = load(&sc[r][jj]);
-        vmx = x > vmx ? x : vmx;
-      }
-      float mx = vmx[0];
-      for (int i = 1; i < VL; ++i) mx = std::max(mx, vmx[i]);
-      any[r] = mx != -INFINITY;
-      if (!any[r]) continue;   // this row sees no key of this block
-      float m_new = std::max(m[r], mx);
-      alpha[r] = std::exp(m[r] - m_new);   // 0 on the first block that row sees
-      vf msplat = splat(m_new);
-      vf psum{};
-      for (int jj = 0; jj < KB; jj += VL) {
-        vf p = vexp(load(&sc[r][jj]) - msplat);
-        store(&sc[r][jj], p);
-        psum += p;
-      }
-      l[r] = l[r] * alpha[r] + hsum(psum);
-      m[r] = m_new;
-    }
-    int64_t r2 = 0;
-    for (; r2 + 2 <= R; r2 += 2) {
-      if (any[r2] && any[r2 + 1])
-        values<ND, 2>(&sc[r2], alpha + r2, vp, nk, acc + r2 * Dh, Dh);
-      else
-        for (int64_t x = r2; x < r2 + 2; ++x)
-          if (any[x]) values<ND, 1>(&sc[x], alpha + x, vp, nk, acc + x * Dh, Dh);
-    }
-    if (r2 < R && any[r2]) values<ND, 1>(&sc[r2], alpha + r2, vp, nk, acc + r2 * Dh, Dh);
   }
 }
 
 void write_out(const Problem& P, const Item& it, const float* l, const float* acc) {
-  const int64_t G = P.G, Dh = P.Dh, Hq = P.KVH * G;
-  const int64_t R = (it.t1 - it.t0) * G;
+  const int64_t Dh = P.Dh, R = (it.h1 - it.h0) * rows_per_head(P, it);
   for (int64_t r = 0; r < R; ++r) {
-    int64_t t = it.t0 + r / G, g = r % G;
-    float* o = P.out + ((it.b * P.T + t) * Hq + it.h * G + g) * Dh;
+    float* o = P.out + row_offset(P, it, r);
     float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
     for (int64_t d = 0; d < Dh; ++d) o[d] = acc[r * Dh + d] * inv;
   }
@@ -311,7 +332,7 @@ struct Job {
 // Merges the splits of one tile (items [first, first + n), consecutive partials).
 void merge(const Job& job, const Item& head, int64_t n) {
   const Problem& P = job.P;
-  const int64_t R = (head.t1 - head.t0) * P.G, Dh = P.Dh;
+  const int64_t R = (head.h1 - head.h0) * rows_per_head(P, head), Dh = P.Dh;
   std::vector<float> l(R, 0.f), acc(R * Dh, 0.f);
   for (int64_t r = 0; r < R; ++r) {
     float mx = -INFINITY;
@@ -362,14 +383,18 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
   if (P.B == 0 || P.T == 0) return ffi::Error::Success();
 
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
-  const int64_t tq = std::max<int64_t>(1, RMAX / P.G);   // query positions per tile
+  // A tile holds every KV head when all T x Hq query rows fit (decode, short verifies): its key
+  // blocks are then read in address order. Else one head and tq positions per tile.
+  const bool all_heads = P.T * P.G * P.KVH <= RMAX;
+  const int64_t heads = all_heads ? P.KVH : 1;
+  const int64_t tq = all_heads ? P.T : std::max<int64_t>(1, RMAX / P.G);
   const int64_t tiles = (P.T + tq - 1) / tq;
-  const int64_t base_items = P.B * P.KVH * tiles;
+  const int64_t base_items = P.B * (P.KVH / heads) * tiles;
   const int64_t want = 4 * threads;   // items enough to keep every thread busy
   int64_t parts = 0;
   for (int64_t b = 0; b < P.B; ++b) {
     const int64_t L = P.prefix(b), nb = P.block(b);
-    for (int64_t h = 0; h < P.KVH; ++h)
+    for (int64_t h = 0; h < P.KVH; h += heads)
       for (int64_t tile = 0; tile < tiles; ++tile) {
         int64_t t0 = tile * tq, t1 = std::min(P.T, t0 + tq);
         int64_t jend = L + (P.mask ? nb : std::min(nb, t1));
@@ -377,13 +402,13 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
         if (base_items < want)
           splits = std::clamp<int64_t>(jend / SPLIT_MIN, 1, (want + base_items - 1) / base_items);
         if (splits == 1) {
-          job->items.push_back({b, h, t0, t1, 0, jend, -1});
+          job->items.push_back({b, h, h + heads, t0, t1, 0, jend, -1});
           continue;
         }
         int64_t step = (jend + splits - 1) / splits;
         step = (step + KB - 1) / KB * KB;
         for (int64_t ja = 0; ja < jend; ja += step)
-          job->items.push_back({b, h, t0, t1, ja, std::min(jend, ja + step), parts++});
+          job->items.push_back({b, h, h + heads, t0, t1, ja, std::min(jend, ja + step), parts++});
       }
   }
   job->part_size = 2 * RMAX + RMAX * P.Dh;
@@ -401,7 +426,7 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
       continue;
     }
     int64_t j = i;
-    while (j < n && job->items[j].b == head.b && job->items[j].h == head.h &&
+    while (j < n && job->items[j].b == head.b && job->items[j].h0 == head.h0 &&
            job->items[j].t0 == head.t0 && job->items[j].part >= 0)
       ++j;
     merge(*job, head, j - i);
