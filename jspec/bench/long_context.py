@@ -3,14 +3,14 @@ forward (1 + D tokens) and prefill, beside llama.cpp (llama-cpp-python on the sa
 the same run, interleaved; JSON out with the goals of issue 43 judged.
 
   python -m jspec.bench.long_context --json benchmarks/long_context_cpu.json
-      [--contexts 64,512,2048,8192] [--batch-sizes 1,4,16] [--draft 3,7]
-      [--prefill 1x64,1x512,1x2048,1x8192,16x2048] [--calls 10] [--repeats 3]
+      [--contexts 64,512,2048,8128] [--batch-sizes 1,4,16] [--draft 3,7]
+      [--prefill 1x64,1x512,1x2048,1x8128,16x2048] [--calls 10] [--repeats 3]
       [--no-llama-cpp] [--no-padded]
 
 A step's buffer is what a call allocates for it: the context plus 64 new tokens. "padded" runs
 B = 16 rows of 64-token prompts in a 2048-token buffer (`pad_to=2048`) against the same rows
-unpadded. Prefill memory is the peak resident set during the prefill, above the set before it
-(sampled every 5 ms from /proc/self/statm).
+unpadded. Prefill memory is the compiled prefill program's (XLA's buffer assignment): its
+temporaries beside the cache it fills in place. 8128 = the model's 8192 positions less 64 new.
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ import json
 import os
 import statistics
 import subprocess
-import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from jspec import decode
 from jspec.bench.step_latency import PlainStep, wall_us
-from jspec.decode import Decoder
 from jspec.io import atomic_write_text, check_writable
+from models.kv_cache import KVCache
 
 NEW_TOKENS = 64   # buffer room past the context, as a call with max_new_tokens=64 allocates
 PAD_TO = 2048
@@ -46,29 +48,17 @@ def _prefill_points(text: str) -> list[tuple[int, int]]:
   return points
 
 
-def _rss() -> int:
-  with open("/proc/self/statm") as f:
-    return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRss:
-  """Peak resident set while the block runs, sampled by a thread."""
-
-  def __enter__(self):
-    self.base = self.peak = _rss()
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._watch, daemon=True)
-    self._thread.start()
-    return self
-
-  def _watch(self):
-    while not self._stop.wait(0.005):
-      self.peak = max(self.peak, _rss())
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
-    self.peak = max(self.peak, _rss())
+def prefill_memory(model, batch: int, width: int, buffer: int) -> dict:
+  """The compiled prefill program's memory (XLA's buffer assignment): its temporaries, and the
+  cache it fills in place (donated), in MB."""
+  graphdef, weights = nnx.split(model)
+  cache = jax.eval_shape(lambda: KVCache.init(model.config, batch, buffer))
+  tokens = jax.ShapeDtypeStruct((batch, width), jnp.int32)
+  lens = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  stats = decode.prefill.lower(graphdef, weights, cache, tokens, lens).compile().memory_analysis()
+  cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(cache))
+  return dict(temp_mb=round(stats.temp_size_in_bytes / 2**20, 1),
+              cache_mb=round(cache_bytes / 2**20, 1))
 
 
 def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
@@ -103,10 +93,10 @@ def _goal(value: float, limit: float, op: str) -> dict:
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--json", required=True)
-  p.add_argument("--contexts", default="64,512,2048,8192")
+  p.add_argument("--contexts", default="64,512,2048,8128")
   p.add_argument("--batch-sizes", default="1,4,16")
   p.add_argument("--draft", default="3,7", help="draft lengths D of the verify forwards (B = 1)")
-  p.add_argument("--prefill", default="1x64,1x512,1x2048,1x8192,16x2048",
+  p.add_argument("--prefill", default="1x64,1x512,1x2048,1x8128,16x2048",
                  help="prefill points BxP (rows x prompt tokens)")
   p.add_argument("--calls", type=int, default=10, help="timed calls per point and repeat")
   p.add_argument("--repeats", type=int, default=3, help="interleaved passes over all points")
@@ -125,8 +115,6 @@ def main(argv=None) -> None:
     p.error("every context, batch size, draft length, --calls and --repeats must be >= 1")
 
   if args.tiny:
-    from flax import nnx
-
     from models import Llama, LlamaConfig
     model, name, gguf = Llama(LlamaConfig.tiny(), rngs=nnx.Rngs(0)), "tiny", None
     args.no_llama_cpp = True
@@ -169,20 +157,16 @@ def main(argv=None) -> None:
   ms = {key: statistics.median(v) for key, v in times.items()}
   del points
 
-  decoder = Decoder(model)
+  decoder = decode.Decoder(model)
   prefill_rows = []
   for b, n in prefills:
     prompts = [random_prompt(n, cfg.vocab_size, seed=i) for i in range(b)]
     decoder.generate(prompts, max_new_tokens=1, eos=False)          # compile
-    runs = []
-    for _ in range(args.repeats):
-      with PeakRss() as mem:
-        out = decoder.generate(prompts, max_new_tokens=1, eos=False)
-      runs.append((out.prefill_s, mem.peak - mem.base))
-    s = statistics.median(r[0] for r in runs)
+    s = statistics.median(decoder.generate(prompts, max_new_tokens=1, eos=False).prefill_s
+                          for _ in range(args.repeats))
     prefill_rows.append(dict(batch_size=b, prompt_tokens=n, seconds=round(s, 3),
                              tokens_per_s=round(b * n / s, 1),
-                             peak_extra_rss_mb=round(max(r[1] for r in runs) / 2**20, 1)))
+                             **prefill_memory(model, b, decode.bucket(n), n + 1)))
     print(json.dumps(prefill_rows[-1]), flush=True)
   padded_prefill = {}
   if not args.no_padded:
@@ -193,7 +177,7 @@ def main(argv=None) -> None:
           decoder.generate(prompts, max_new_tokens=1, eos=False, pad_to=pad).prefill_s
           for _ in range(args.repeats))
 
-  decode = [dict(batch_size=k[1], context=k[2], buffer=k[4], ms=round(v, 2))
+  decode_rows = [dict(batch_size=k[1], context=k[2], buffer=k[4], ms=round(v, 2))
             for k, v in ms.items() if k[0] == "decode"]
   verify = [dict(batch_size=1, context=k[2], tokens=k[3], ms=round(v, 2),
                  vs_decode=round(v / ms[("decode", 1, k[2], 1, k[4])], 3))
@@ -229,7 +213,7 @@ def main(argv=None) -> None:
                                                                os.sys.argv[1:]),
       commit=commit, backend=jax.default_backend(), device=str(jax.devices()[0]),
       jax_version=jax.__version__, cpus=os.cpu_count(), model=name, calls=args.calls,
-      repeats=args.repeats, decode=decode, verify=verify, prefill=prefill_rows,
+      repeats=args.repeats, decode=decode_rows, verify=verify, prefill=prefill_rows,
       padded=dict(batch_size=16, prompt_tokens=64, pad_to=PAD_TO,
                   decode_ms={"unpadded": step(16, 64),
                              "padded": ms.get(("padded", 16, 64, 1, PAD_TO + NEW_TOKENS))},

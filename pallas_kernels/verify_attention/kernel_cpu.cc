@@ -160,7 +160,7 @@ inline void scores(const float* const* qrow, const float* const* kp, int nk, flo
 template <int ND, int RR>
 inline void values(const float (*p)[KB], const float* alpha, const float* const* vp, int nk,
                    float* acc, int64_t Dh) {
-  constexpr int DC = ND < 4 ? ND : 4;
+  constexpr int DC = ND % 4 == 0 ? 4 : ND % 3 == 0 ? 3 : ND % 2 == 0 ? 2 : 1;   // divides ND
   for (int d0 = 0; d0 < ND; d0 += DC) {
     vf o[RR][DC];
     for (int i = 0; i < RR; ++i)
@@ -289,14 +289,19 @@ void write_out(const Problem& P, const Item& it, const float* l, const float* ac
 
 typedef void (*TileFn)(const Problem&, const Item&, float*, float*, float*);
 
+// Every head dim of kernel_cpu.HEAD_DIMS at every vector width (4, 8 or 16 lanes).
 TileFn tile_fn(int64_t nd) {
   switch (nd) {
+    case 1: return attend_tile<1>;
     case 2: return attend_tile<2>;
     case 4: return attend_tile<4>;
+    case 6: return attend_tile<6>;
     case 8: return attend_tile<8>;
     case 12: return attend_tile<12>;
     case 16: return attend_tile<16>;
+    case 24: return attend_tile<24>;
     case 32: return attend_tile<32>;
+    case 64: return attend_tile<64>;
     default: return nullptr;
   }
 }

@@ -26,6 +26,8 @@ def test_long_context_writes_every_point(tmp_path):
     assert r["vs_decode"] == pytest.approx(r["ms"] / step[r["context"]], rel=0.02)
   assert [(r["batch_size"], r["prompt_tokens"]) for r in report["prefill"]] == [(1, 16), (1, 64)]
   assert all(r["tokens_per_s"] > 0 for r in report["prefill"])
+  small, large = report["prefill"]
+  assert large["cache_mb"] > small["cache_mb"] > 0 and large["temp_mb"] > 0
   assert "verify_T4_ratio_2048_minus_64" not in report["goals"]   # 2048 was not measured
   assert report["llama_cpp"] is None and report["padded"] is None
 
