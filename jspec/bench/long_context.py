@@ -57,8 +57,8 @@ def prefill_memory(model, batch: int, width: int, buffer: int) -> dict:
   lens = jax.ShapeDtypeStruct((batch,), jnp.int32)
   stats = decode.prefill.lower(graphdef, weights, cache, tokens, lens).compile().memory_analysis()
   cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(cache))
-  return dict(temp_mb=round(stats.temp_size_in_bytes / 2**20, 1),
-              cache_mb=round(cache_bytes / 2**20, 1))
+  return dict(temp_mb=round(stats.temp_size_in_bytes / 2**20, 3),
+              cache_mb=round(cache_bytes / 2**20, 3))
 
 
 def random_prompt(n: int, vocab: int, seed: int) -> list[int]:
