@@ -76,3 +76,25 @@ def test_prefill_chunk_rule():
     c = prefill_chunk(b)
     assert lo <= c <= hi and c & (c - 1) == 0   # a power of two in range
     assert c == hi or c == lo or c * b <= 1024 < 2 * c * b
+
+
+def test_no_copy_of_the_cache_in_the_compiled_prefill_or_decode():
+  """The decoder's programs update the cache in place: no copy of a cache-shaped buffer anywhere
+  in the compiled HLO (the cache is donated; the kernel reads it where it lies)."""
+  from jspec.decode import Decoder, decode, prefill, row_keys
+  from jspec.sampling import SamplingParams
+  cfg = LlamaConfig.tiny()
+  d = Decoder(Llama(cfg, rngs=nnx.Rngs(0)))
+  b, s = 2, 100
+  cache = KVCache.init(cfg, b, s)
+  shape = f"f32[{b},{s},{cfg.num_kv_heads},{cfg.head_dim}]"
+  programs = [
+      prefill.lower(d.graphdef, d.weights, cache, jnp.zeros((b, 64), jnp.int32),
+                    jnp.asarray([64, 30])),
+      decode.lower(d.graphdef, d.weights, cache, jnp.zeros((b, cfg.vocab_size)),
+                   SamplingParams.make(b, 0.0, 0, 1.0), row_keys(0, b), jnp.asarray([5, 5]),
+                   buffer_len=8, eos_ids=())]
+  for lowered in programs:
+    text = lowered.compile().as_text()
+    copies = [line for line in text.splitlines() if " copy(" in line and shape in line]
+    assert not copies, copies[:2]
