@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import jax
@@ -113,6 +114,13 @@ def main(argv=None) -> None:
     p.error(f"{e} (lists are comma-separated integers; --prefill items look like 16x2048)")
   if min(contexts + batches + drafts + [args.calls, args.repeats]) < 1:
     p.error("every context, batch size, draft length, --calls and --repeats must be >= 1")
+  if not (args.no_llama_cpp or args.tiny):
+    try:
+      import llama_cpp  # noqa: F401  (the peer; not a jspec dependency)
+    except ImportError:
+      p.error("the llama.cpp peer needs llama-cpp-python (pip install llama-cpp-python==0.3.36; "
+              "build it with CMAKE_ARGS turning GGML_AMX_* off on CPUs that report AMX), or "
+              "pass --no-llama-cpp")
 
   if args.tiny:
     from models import Llama, LlamaConfig
@@ -210,7 +218,7 @@ def main(argv=None) -> None:
                           cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()
   report = dict(
       command="python -m jspec.bench.long_context " + " ".join(argv if argv is not None else
-                                                               os.sys.argv[1:]),
+                                                               sys.argv[1:]),
       commit=commit, backend=jax.default_backend(), device=str(jax.devices()[0]),
       jax_version=jax.__version__, cpus=os.cpu_count(), model=name, calls=args.calls,
       repeats=args.repeats, decode=decode_rows, verify=verify, prefill=prefill_rows,
