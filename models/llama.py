@@ -148,7 +148,7 @@ class Llama(nnx.Module):
 
   attention_impl: "auto" (Pallas kernel on GPU and TPU, the C++ kernel on CPU, which reads only the
   keys each row holds), "pallas", "cpu" or "reference"; static, see `pallas_kernels.verify_attention`.
-  matmul_impl: "auto" (on CPU, fp32 products of <= 64 rows through `models.cpu_gemm`, which reads
+  matmul_impl: "auto" (on CPU, fp32 products of <= 16 rows through `models.cpu_gemm`, which reads
   each weight once for a whole verify block; XLA's dot otherwise), "ffi" or "xla"; static.
   moe_impl: the expert GEMMs of MoE layers (`models.moe.MoE`, `pallas_kernels.moe_gemm.gmm`)."""
 

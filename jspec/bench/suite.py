@@ -7,6 +7,7 @@ One object per line: {"id", "category", "messages": [{"role", "content"}, ...], 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from collections import Counter
 
@@ -83,11 +84,14 @@ def parse(lines, name: str = "<prompts>") -> list[Prompt]:
 
 
 def load(path: str) -> list[Prompt]:
+  """A JSON Lines prompt file (gzip-compressed when its name ends with .gz)."""
   try:
-    with open(path, encoding="utf-8") as f:
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
       return parse(f, path)
-  except OSError as e:
-    raise SuiteError(f"cannot read the prompt file {path!r}: {e.strerror}") from None
+  except (OSError, EOFError) as e:
+    why = getattr(e, "strerror", None) or e
+    raise SuiteError(f"cannot read the prompt file {path!r}: {why}") from None
 
 
 def select(prompts: list[Prompt], categories=None, per_category: int | None = None) -> list[Prompt]:

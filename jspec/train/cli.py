@@ -38,6 +38,7 @@ def cmd_data(args) -> None:
                              num_magpie=args.magpie, max_new_tokens=args.max_new_tokens,
                              batch_size=args.batch_size, shard_size=args.shard_size,
                              temperature=args.temperature, multi_turn=args.multi_turn,
+                             max_len=args.max_len, taps=_ints(args.taps, "--taps") or (),
                              seed=args.seed, progress=not args.no_progress)
   except (ValueError, OSError) as e:
     sys.exit(f"jspec: {e}")
@@ -246,7 +247,15 @@ def add_parser(sub, default_model: str) -> None:
   d.add_argument("--magpie", type=int, default=0,
                  help="also sample this many user prompts from the target (Magpie)")
   d.add_argument("--max-new-tokens", type=int, default=512)
-  d.add_argument("--batch-size", type=int, default=16)
+  d.add_argument("--batch-size", type=int, default=64,
+                 help="rows decoded together; a finished row's slot takes the next prompt")
+  d.add_argument("--max-len", type=int, default=None,
+                 help="tokens per row (prompt + replies; default 2048 or the model's context); "
+                      "longer prompts are skipped")
+  d.add_argument("--taps", default=None,
+                 help="comma-separated layers whose hidden states are saved while generating "
+                      "(the final one is added), e.g. 2,15,27: EAGLE-3's for the default model; "
+                      "`jspec train eagle3 --cache-features` then copies them, no second pass")
   d.add_argument("--shard-size", type=int, default=256)
   d.add_argument("--temperature", type=float, default=0.0, help="for the replies")
   d.add_argument("--multi-turn", type=float, default=0.0,
@@ -254,6 +263,8 @@ def add_parser(sub, default_model: str) -> None:
   d.add_argument("--seed", type=int, default=0)
   d.add_argument("--no-progress", action="store_true")
   d.set_defaults(func=cmd_data)
+  from jspec.train.prompts.cli import add_parser as add_prompts_parser
+  add_prompts_parser(tsub)
 
   e = tsub.add_parser("eagle3", help="train an EAGLE-3 head (orbax checkpoints; resumes)")
   e.add_argument("--data", required=True, help="a folder written by `jspec train data`")

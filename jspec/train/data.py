@@ -8,6 +8,7 @@ in the benchmark suite's JSON Lines format).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import io
 import json
@@ -21,11 +22,12 @@ from typing import Sequence
 
 import numpy as np
 
-from jspec.decode import Decoder, bucket
+from jspec.slots import Request, SlotDecoder
 
 FORMAT = "jspec-token-shards/1"
 MANIFEST = "manifest.json"
-_BATCHING_ONLY = ("prefill_attention_mb",)   # config keys an older manifest may lack
+DEFAULT_MAX_LEN = 2048        # tokens per regeneration slot (prompt + replies)
+SYNTH_BATCHES_PER_CALL = 4   # Magpie batches sampled per SlotDecoder call (refill across them)
 MIN_PROMPT_CHARS = 8          # shorter sampled user turns are dropped as degenerate
 _PLACEHOLDER = "JSPECPLACEHOLDER{}X7F3A"
 
@@ -146,6 +148,13 @@ def _write_npz(path: str, arrays: dict[str, np.ndarray]) -> None:
   _write_atomic(path, buf.getvalue())
 
 
+def _write_npy(path: str, arr: np.ndarray) -> None:
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    np.lib.format.write_array(f, arr, allow_pickle=False)
+  os.replace(tmp, path)
+
+
 def _read_jsonl(path: str) -> list[dict]:
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f if line.strip()]
@@ -154,71 +163,6 @@ def _read_jsonl(path: str) -> list[dict]:
 def _progress(progress: bool, **kw):
   from tqdm import tqdm
   return tqdm(file=sys.stderr, disable=not progress, dynamic_ncols=True, **kw)
-
-
-class _Generator:
-  """Decoder.generate over row lists of any size with a bounded set of compiled shapes: prompts
-  are padded to a multiple of `pad_multiple` (the Decoder also rounds up to a power of two), a
-  batch holds at most batch_size rows (fewer for long prompts, so that one prefill attention-score
-  tensor [B, H, P, P + max_new] stays under prefill_attention_mb) and is rounded up to a power of
-  two with filler rows that stop after one token."""
-
-  def __init__(self, model, eos_ids, batch_size: int, pad_multiple: int,
-               prefill_attention_mb: int = 512):
-    self.decoder = Decoder(model, eos_ids=eos_ids)
-    self.max_position = model.config.max_position
-    self.num_heads = model.config.num_heads
-    self.batch_size, self.pad_multiple = batch_size, pad_multiple
-    self.budget = prefill_attention_mb * 2**20 // 4     # fp32 elements
-    self.generated = 0
-
-  def padded_len(self, longest: int) -> tuple[int, int]:
-    """(pad_to for the Decoder, the prompt width it will use)."""
-    pad_to = min(-(-longest // self.pad_multiple) * self.pad_multiple, self.max_position)
-    return pad_to, max(bucket(longest), pad_to)
-
-  def row_cap(self, longest: int, max_new: int) -> int:
-    """Rows per batch (a power of two, or batch_size) for prompts up to `longest` tokens."""
-    width = self.padded_len(longest)[1]
-    fit = max(1, self.budget // (self.num_heads * width * (width + max_new)))
-    return self.batch_size if fit >= self.batch_size else 1 << (fit.bit_length() - 1)
-
-  def __call__(self, rows: list[list[int]], max_new: list[int], *, seed: int, **sampling):
-    b = len(rows)
-    assert 0 < b <= self.batch_size and min(max_new) >= 1
-    width = b if b == self.batch_size else min(self.batch_size, 1 << (b - 1).bit_length())
-    rows = rows + [rows[-1]] * (width - b)
-    max_new = list(max_new) + [1] * (width - b)
-    pad_to, _ = self.padded_len(max(len(r) for r in rows))
-    out = self.decoder.generate(rows, max_new_tokens=max_new, seed=seed, pad_to=pad_to, **sampling)
-    self.generated += sum(len(t) for t in out.token_ids[:b])
-    return out.token_ids[:b]
-
-  def plan(self, rows: list[list[int]], max_new: list[int]) -> list[list[int]]:
-    """Row indices per batch: sorted by length (less padding), cut where the row cap binds."""
-    batches: list[list[int]] = []
-    for i in sorted(range(len(rows)), key=lambda i: (len(rows[i]), i)):
-      cur = batches[-1] if batches else None
-      if cur is not None and len(cur) < self.row_cap(
-          len(rows[i]), max(max_new[j] for j in cur + [i])):
-        cur.append(i)
-      else:
-        batches.append([i])
-    return batches
-
-  def batched(self, rows: list[list[int]], max_new: list[int], seed_parts: tuple[int, ...],
-              on_batch=None, **sampling) -> list[list[int]]:
-    """Generates for every row (batch j sampled with a seed derived from (*seed_parts, j));
-    results in row order."""
-    out: list[list[int]] = [[] for _ in rows]
-    for j, idx in enumerate(self.plan(rows, max_new)):
-      res = self([rows[i] for i in idx], [max_new[i] for i in idx],
-                 seed=_derive_seed(*seed_parts, j), **sampling)
-      for i, r in zip(idx, res):
-        out[i] = r
-      if on_batch is not None:
-        on_batch(len(idx))
-    return out
 
 
 # 1. Magpie-style prompts ------------------------------------------------------------------------
@@ -258,43 +202,45 @@ def synthesize_prompts(model, tokenizer, out_path: str, *, num_prompts: int, bat
   seen = {r["messages"][-1]["content"] for r in records}
   # redo the last recorded batch (deterministic), taking only rows not recorded yet
   batch = max((int(r["id"].split("-")[1]) for r in records), default=0)
-  gen = _Generator(model, tokenizer.eos_ids, batch_size, pad_multiple=16)
+  dec = SlotDecoder(model, eos_ids=tokenizer.eos_ids, slots=batch_size,
+                    max_len=len(header_ids) + max_new_tokens + 1, max_new_tokens=max_new_tokens)
   reasons, empty_batches = Counter(), 0
   bar = _progress(progress, total=num_prompts, initial=len(records), unit="prompt",
                   desc="magpie prompts")
   t0 = time.perf_counter()
   while len(records) < num_prompts:
-    rows = gen([header_ids] * batch_size, [max_new_tokens] * batch_size,
-               seed=_derive_seed(seed, batch), temperature=temperature, top_p=top_p)
-    before = len(records)
-    for row, ids in enumerate(rows):
-      rid = f"magpie-{batch:06d}-{row:04d}"
-      if rid in have_ids:
-        continue
-      text, why = _clean_user_turn(tokenizer, ids, drop_truncated)
-      if text is not None and text in seen:
-        text, why = None, "duplicate"
-      reasons[why] += 1
-      if text is None or len(records) >= num_prompts:
-        continue
-      seen.add(text)
-      have_ids.add(rid)
-      messages = ([{"role": "system", "content": system}] if system else []) + \
-          [{"role": "user", "content": text}]
-      records.append({"id": rid, "category": "magpie", "messages": messages, "source": source})
-    if len(records) > before:
-      _write_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                      for r in records).encode())
-      empty_batches = 0
-    else:
-      empty_batches += 1
+    group = range(batch, batch + SYNTH_BATCHES_PER_CALL)
+    res = dec.generate([Request(header_ids, max_new_tokens, temperature, top_p=top_p,
+                                seed=_derive_seed(seed, bt, row))
+                        for bt in group for row in range(batch_size)])
+    for g, bt in enumerate(group):
+      before = len(records)
+      for row in range(batch_size):
+        rid = f"magpie-{bt:06d}-{row:04d}"
+        if rid in have_ids:
+          continue
+        text, why = _clean_user_turn(tokenizer, res[g * batch_size + row].token_ids,
+                                     drop_truncated)
+        if text is not None and text in seen:
+          text, why = None, "duplicate"
+        reasons[why] += 1
+        if text is None or len(records) >= num_prompts:
+          continue
+        seen.add(text)
+        have_ids.add(rid)
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": text}]
+        records.append({"id": rid, "category": "magpie", "messages": messages, "source": source})
+      empty_batches = 0 if len(records) > before else empty_batches + 1
       if empty_batches >= 20:
         raise RuntimeError(f"20 batches in a row gave no usable user turn ({dict(reasons)}); check "
                            "the chat template, the temperature and max_new_tokens")
-    bar.update(len(records) - before)
-    bar.set_postfix(tok_s=f"{gen.generated / (time.perf_counter() - t0):.0f}",
+      bar.update(len(records) - before)
+    _write_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                    for r in records).encode())
+    bar.set_postfix(tok_s=f"{dec.stats['generated_tokens'] / (time.perf_counter() - t0):.0f}",
                     kept=f"{reasons['kept']}/{sum(reasons.values())}")
-    batch += 1
+    batch += SYNTH_BATCHES_PER_CALL
   bar.close()
   return records[:num_prompts]
 
@@ -342,16 +288,16 @@ def read_manifest(data_dir: str) -> dict:
 
 
 def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard_size: int = 256,
-               batch_size: int = 16, max_new_tokens: int = 512, temperature: float = 0.0,
+               batch_size: int = 64, max_new_tokens: int = 512, temperature: float = 0.0,
                seed: int = 0, multi_turn: float = 0.0, user_max_new_tokens: int = 96,
-               user_temperature: float = 1.0, user_top_p: float = 0.95, pad_multiple: int = 128,
-               prefill_attention_mb: int = 512, model_name: str | None = None,
+               user_temperature: float = 1.0, user_top_p: float = 0.95,
+               max_len: int | None = None, taps: Sequence[int] = (), model_name: str | None = None,
                progress: bool = True) -> dict:
   """Answers every prompt with the target and writes `out_dir/shard_%05d.npz` + `manifest.json`;
   returns the manifest.
 
-  Shard k holds prompts[k*shard_size : (k+1)*shard_size], in order, one sequence each (prompts
-  longer than the context are skipped and listed in the manifest):
+  Shard k holds prompts[k*shard_size : (k+1)*shard_size], in order, one sequence each (prompts of
+  max_len tokens or more are skipped and listed in the manifest):
     tokens     int32 [total]  the chat-templated conversations (prompt + reply, + turn 2), joined
     offsets    int64 [n+1]    sequence i is tokens[offsets[i]:offsets[i+1]]
     loss_mask  uint8 [total]  1 on tokens the target generated as an assistant reply (the EOS it
@@ -359,24 +305,32 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
     prompt_ids str   [n]      the prompt records' ids
     turns      uint8 [n]      assistant replies in the sequence (2 = continued for a sampled turn)
     stopped    uint8 [n]      1 where the last reply ended with EOS (0: cut at max_new_tokens)
-  Within a shard, prompts are sorted by length and batched (batch_size rows, fewer where one
-  prefill attention-score tensor would exceed prefill_attention_mb), padded to a multiple of
-  pad_multiple, so that few shapes are compiled. A fraction `multi_turn` of conversations whose
-  reply ended with EOS is continued: a user turn is sampled from the target after the reply
-  (Magpie; user_* settings), then answered. Resumable: shards listed in the manifest are skipped,
-  and shard k always batches the same prompts with the same seeds, so a resumed run writes the
-  same bytes as an uninterrupted one.
+  With `taps`, also `shard_%05d.features.npy`: bfloat16 bits (uint16) [total, K + 1, H] aligned
+  with `tokens`: each token's K taps and final normed hidden state, captured while generating
+  (`jspec.slots`), so training needs no second pass of the target.
+
+  Generation is `jspec.slots.SlotDecoder` over `batch_size` slots of max_len tokens (default
+  DEFAULT_MAX_LEN or the model's context if shorter): when a reply
+  ends, the next prompt takes its slot. A fraction `multi_turn` of conversations whose reply ended
+  with EOS is continued: a user turn is sampled from the target after the reply (Magpie; user_*
+  settings), then answered, in the same stream. Every request is seeded by (seed, shard, turn,
+  prompt), so its tokens do not depend on the batching. Resumable: shards listed in the manifest
+  are skipped, and shard k always makes the same requests in the same order, so a resumed run
+  writes the same bytes as an uninterrupted one.
   """
   model, name = _unpack(model, model_name)
   _check_prompts(prompts)
-  if shard_size < 1 or batch_size < 1 or max_new_tokens < 1 or pad_multiple < 1:
-    raise ValueError("shard_size, batch_size, max_new_tokens and pad_multiple must be >= 1")
+  max_len = min(DEFAULT_MAX_LEN, model.config.max_position) if max_len is None else max_len
+  if shard_size < 1 or batch_size < 1 or max_new_tokens < 1:
+    raise ValueError("shard_size, batch_size and max_new_tokens must be >= 1")
+  if not max_new_tokens < max_len <= model.config.max_position:
+    raise ValueError(f"need max_new_tokens < max_len <= the model's context "
+                     f"({model.config.max_position}), got {max_new_tokens} and {max_len}")
   if not 0.0 <= multi_turn <= 1.0:
     raise ValueError(f"multi_turn is a fraction in [0, 1], got {multi_turn}")
   config = dict(model=name, temperature=float(temperature), max_new_tokens=int(max_new_tokens),
                 seed=int(seed), multi_turn=float(multi_turn), shard_size=int(shard_size),
-                batch_size=int(batch_size), pad_multiple=int(pad_multiple),
-                prefill_attention_mb=int(prefill_attention_mb),
+                batch_size=int(batch_size), max_len=int(max_len), taps=[int(t) for t in taps],
                 user_max_new_tokens=int(user_max_new_tokens),
                 user_temperature=float(user_temperature), user_top_p=float(user_top_p),
                 num_prompts=len(prompts), prompts_sha256=_prompts_digest(prompts))
@@ -384,10 +338,6 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
   path = os.path.join(out_dir, MANIFEST)
   if os.path.exists(path):
     manifest = read_manifest(out_dir)
-    for key in _BATCHING_ONLY:   # written before the key existed: adopt today's value
-      if key not in manifest["config"]:
-        warnings.warn(f"{path} predates the {key!r} setting; continuing with {key}={config[key]}")
-        manifest["config"][key] = config[key]
     diff = {k: (manifest["config"].get(k), v) for k, v in config.items()
             if manifest["config"].get(k) != v}
     if diff:
@@ -395,24 +345,29 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
                        + ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
                        + "); use another out_dir (or the same settings to resume)")
     for s in manifest["shards"]:
-      if not os.path.isfile(os.path.join(out_dir, s["file"])):
-        raise ValueError(f"{out_dir}: the manifest lists {s['file']} but the file is missing; "
-                         "restore it or start over in another out_dir")
+      for f in (s["file"],) + ((s["features"],) if "features" in s else ()):
+        if not os.path.isfile(os.path.join(out_dir, f)):
+          raise ValueError(f"{out_dir}: the manifest lists {f} but the file is missing; "
+                           "restore it or start over in another out_dir")
   else:
     manifest = dict(format=FORMAT, config=config, complete=False, shards=[])
   num_shards = -(-len(prompts) // shard_size)
-  gen = _Generator(model, tokenizer.eos_ids, batch_size, pad_multiple, prefill_attention_mb)
+  dec = SlotDecoder(model, eos_ids=tokenizer.eos_ids, slots=batch_size, max_len=max_len,
+                    max_new_tokens=max(max_new_tokens, user_max_new_tokens), taps=taps)
   bar = _progress(progress, total=len(prompts), unit="seq", desc=f"regenerate {out_dir}",
                   initial=min(len(manifest["shards"]) * shard_size, len(prompts)))
   t0 = time.perf_counter()
   for k in range(len(manifest["shards"]), num_shards):
-    t_shard, g_shard = time.perf_counter(), gen.generated
+    t_shard, g_shard = time.perf_counter(), dec.stats["generated_tokens"]
     chunk = list(prompts[k * shard_size:(k + 1) * shard_size])
-    arrays, stats = _regenerate_shard(gen, tokenizer, chunk, k, config,
-                                      on_batch=lambda n: _tick(bar, n, gen, t0))
+    arrays, feats, stats = _regenerate_shard(dec, tokenizer, chunk, k, config,
+                                             on_sequence=lambda: _tick(bar, dec, t0))
     stats["file"] = f"shard_{k:05d}.npz"
     stats["seconds"] = round(time.perf_counter() - t_shard, 2)
-    stats["generated_tokens"] = gen.generated - g_shard
+    stats["generated_tokens"] = dec.stats["generated_tokens"] - g_shard
+    if feats is not None:
+      stats["features"] = f"shard_{k:05d}.features.npy"
+      _write_npy(os.path.join(out_dir, stats["features"]), feats)
     _write_npz(os.path.join(out_dir, stats["file"]), arrays)
     manifest["shards"].append(stats)
     _summarise(manifest)
@@ -424,9 +379,9 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
   return manifest
 
 
-def _tick(bar, n, gen, t0):
-  bar.update(n)
-  bar.set_postfix(tok_s=f"{gen.generated / max(time.perf_counter() - t0, 1e-9):.0f}")
+def _tick(bar, dec: SlotDecoder, t0: float):
+  bar.update(1)
+  bar.set_postfix(tok_s=f"{dec.stats['generated_tokens'] / max(time.perf_counter() - t0, 1e-9):.0f}")
 
 
 def _summarise(manifest: dict) -> None:
@@ -451,53 +406,50 @@ def _next_user_context(tokenizer, messages, seq: list[int]) -> tuple[list[int], 
   return seq + _encode_piece(tokenizer, after_reply), after_user
 
 
-def _regenerate_shard(gen: _Generator, tokenizer, chunk: list[dict], k: int, config: dict,
-                      on_batch) -> tuple[dict, dict]:
+def _regenerate_shard(dec: SlotDecoder, tokenizer, chunk: list[dict], k: int, config: dict,
+                      on_sequence) -> tuple[dict, np.ndarray | None, dict]:
   eos = set(tokenizer.eos_ids)
-  limit = gen.max_position
-  sampling = dict(temperature=config["temperature"])
+  limit, seed = config["max_len"], config["seed"]
+  answer = lambda ids, turn, i: Request(ids, min(config["max_new_tokens"], limit - len(ids)),
+                                        config["temperature"], seed=_derive_seed(seed, k, turn, i))
   # turn 1: the prompt as the library renders it, answered by the target
   prompt = [_prompt_ids(tokenizer, p["messages"]) for p in chunk]
   live = [i for i, ids in enumerate(prompt) if len(ids) < limit]
   skipped = [chunk[i]["id"] for i in range(len(chunk)) if len(prompt[i]) >= limit]
-  replies = dict(zip(live, gen.batched(
-      [prompt[i] for i in live],
-      [min(config["max_new_tokens"], limit - len(prompt[i])) for i in live],
-      (config["seed"], k, 0), on_batch=on_batch, **sampling)))
-  seqs = {i: prompt[i] + replies[i] for i in live}
-  masks = {i: [0] * len(prompt[i]) + [1] * len(replies[i]) for i in live}
-  turns = {i: 1 for i in live}
-  stopped = {i: bool(replies[i]) and replies[i][-1] in eos for i in live}
-
-  # turn 2 for a fraction of the conversations: sampled user turn, then the target's answer
-  draw = np.random.default_rng([config["seed"], k, 7]).random(len(chunk))
-  chosen = [i for i in live if draw[i] < config["multi_turn"] and stopped[i]]
-  if chosen:
-    ctx, glue_after_user = {}, {}
-    for i in chosen:
-      ctx[i], glue_after_user[i] = _next_user_context(tokenizer, chunk[i]["messages"], seqs[i])
-    chosen = [i for i in chosen if len(ctx[i]) + 2 < limit]
-    users = gen.batched([ctx[i] for i in chosen],
-                        [min(config["user_max_new_tokens"], limit - len(ctx[i])) for i in chosen],
-                        (config["seed"], k, 1), temperature=config["user_temperature"],
-                        top_p=config["user_top_p"])
-    second = {}
-    for i, u in zip(chosen, users):
-      text, _ = _clean_user_turn(tokenizer, u, drop_truncated=True)
-      if text is None:
-        continue
-      p2 = ctx[i] + _encode_piece(tokenizer, text) + _encode_piece(tokenizer, glue_after_user[i])
-      if len(p2) < limit:
-        second[i] = p2
-    cont = sorted(second)
-    answers = gen.batched([second[i] for i in cont],
-                          [min(config["max_new_tokens"], limit - len(second[i])) for i in cont],
-                          (config["seed"], k, 2), **sampling)
-    for i, a in zip(cont, answers):
-      masks[i] = masks[i] + [0] * (len(second[i]) - len(seqs[i])) + [1] * len(a)
-      seqs[i] = second[i] + a
-      turns[i] = 2
-      stopped[i] = bool(a) and a[-1] in eos
+  draw = np.random.default_rng([seed, k, 7]).random(len(chunk))
+  queue = collections.deque(((i, 0), answer(prompt[i], 0, i))
+                            for i in sorted(live, key=lambda i: (-len(prompt[i]), i)))
+  seqs, masks, turns, stopped, feats, pending = {}, {}, {}, {}, {}, {}
+  for res in dec.stream(queue):
+    i, turn = res.index
+    if turn == 0:
+      reply = res.token_ids
+      seqs[i], masks[i] = prompt[i] + reply, [0] * len(prompt[i]) + [1] * len(reply)
+      turns[i], stopped[i], feats[i] = 1, bool(reply) and reply[-1] in eos, res.features
+      # turn 2 for a fraction of the conversations: a sampled user turn, then the target's answer
+      if draw[i] < config["multi_turn"] and stopped[i]:
+        ctx, glue_after_user = _next_user_context(tokenizer, chunk[i]["messages"], seqs[i])
+        if len(ctx) + 2 < limit:
+          pending[i] = ctx, glue_after_user
+          queue.append(((i, 1), Request(
+              ctx, min(config["user_max_new_tokens"], limit - len(ctx)),
+              config["user_temperature"], top_p=config["user_top_p"],
+              seed=_derive_seed(seed, k, 1, i))))
+          continue
+    elif turn == 1:
+      ctx, glue_after_user = pending.pop(i)
+      text, _ = _clean_user_turn(tokenizer, res.token_ids, drop_truncated=True)
+      if text is not None:
+        p2 = ctx + _encode_piece(tokenizer, text) + _encode_piece(tokenizer, glue_after_user)
+        if len(p2) < limit:
+          pending[i] = p2
+          queue.append(((i, 2), answer(p2, 2, i)))
+          continue
+    else:
+      p2, a = pending.pop(i), res.token_ids
+      masks[i] = masks[i] + [0] * (len(p2) - len(seqs[i])) + [1] * len(a)
+      seqs[i], turns[i], stopped[i], feats[i] = p2 + a, 2, bool(a) and a[-1] in eos, res.features
+    on_sequence()
 
   lengths = [len(seqs[i]) for i in live]
   arrays = dict(
@@ -507,6 +459,9 @@ def _regenerate_shard(gen: _Generator, tokenizer, chunk: list[dict], k: int, con
       prompt_ids=np.asarray([chunk[i]["id"] for i in live], dtype=str),
       turns=np.asarray([turns[i] for i in live], np.uint8),
       stopped=np.asarray([stopped[i] for i in live], np.uint8))
+  features = None
+  if config["taps"] and live:
+    features = np.concatenate([feats[i] for i in live], axis=0).view(np.uint16)
   cats: dict[str, Counter] = {}
   for i in live:
     c = cats.setdefault(chunk[i].get("category", "none"), Counter())
@@ -516,7 +471,7 @@ def _regenerate_shard(gen: _Generator, tokenizer, chunk: list[dict], k: int, con
                response_tokens=int(arrays["loss_mask"].sum()),
                multi_turn=sum(t == 2 for t in turns.values()), skipped=skipped,
                categories={c: dict(v) for c, v in sorted(cats.items())})
-  return arrays, stats
+  return arrays, features, stats
 
 
 # 3. Loading: a grain data source and a checkpointable iterator -----------------------------------
@@ -674,9 +629,9 @@ def load_prompt_records(path: str) -> list[dict]:
 def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpie: int,
                   magpie_batch_size: int = 32, magpie_max_new_tokens: int = 96,
                   magpie_temperature: float = 1.0, magpie_top_p: float = 0.95,
-                  shard_size: int = 256, batch_size: int = 16, max_new_tokens: int = 512,
-                  temperature: float = 0.0, multi_turn: float = 0.0, seed: int = 0,
-                  progress: bool = True) -> dict:
+                  shard_size: int = 256, batch_size: int = 64, max_new_tokens: int = 512,
+                  temperature: float = 0.0, multi_turn: float = 0.0, max_len: int | None = None,
+                  taps: Sequence[int] = (), seed: int = 0, progress: bool = True) -> dict:
   """Samples `num_magpie` Magpie prompts into out_dir/magpie.jsonl, then regenerates answers to
   the prompt files' prompts followed by the Magpie ones into out_dir's shards; returns the
   manifest. `model` is a registered name / path (loaded here) or a models.LoadedModel. Rerunning
@@ -704,7 +659,7 @@ def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpi
   manifest = regenerate(lm, lm.tokenizer, prompts, out_dir, shard_size=shard_size,
                         batch_size=batch_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, multi_turn=multi_turn,
-                        progress=progress)
+                        max_len=max_len, taps=taps, progress=progress)
   manifest["prompt_files"] = per_file
   _write_json(os.path.join(out_dir, MANIFEST), manifest)
   return manifest

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from jspec.train.data import MANIFEST, TokenShards
+from jspec.train.data import MANIFEST, TokenShards, read_manifest
 from models.kv_cache import KVCache
 
 DTYPE = ml_dtypes.bfloat16
@@ -77,6 +77,10 @@ def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
   else:
     arr = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16,
                                     shape=(int(spans[-1]), k, h))
+  captured = read_manifest(data_dir).get("config", {}).get("taps") or []
+  if captured and tuple(captured) == tuple(taps):
+    _copy_captured(data_dir, source, spans, arr, done, meta, mpath, progress)
+    return path
   graphdef, weights = nnx.split(target)
   # sort by length so that each batch pads to a short power of two
   order = np.argsort(np.diff(spans), kind="stable")
@@ -99,6 +103,31 @@ def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
     bar.update(len(idx))
   bar.close()
   return path
+
+
+def _copy_captured(data_dir, source, spans, arr, done, meta, mpath, progress) -> None:
+  """Fills the cache from the features `regenerate(taps=...)` captured while generating (the
+  same taps): a copy of each sequence's first seq_len rows, no forward pass."""
+  from tqdm import tqdm
+  bar = tqdm(total=len(source), initial=done, desc="captured features", unit="seq",
+             file=sys.stderr, disable=not progress)
+  first = 0
+  for s in read_manifest(data_dir)["shards"]:
+    n = s["sequences"]
+    if first + n > done:
+      feats = np.load(os.path.join(data_dir, s["features"]), mmap_mode="r")
+      with np.load(os.path.join(data_dir, s["file"])) as z:
+        offsets = z["offsets"]
+      for j in range(max(done - first, 0), n):
+        i = first + j
+        arr[spans[i]:spans[i + 1]] = feats[offsets[j]:offsets[j] + spans[i + 1] - spans[i]]
+      arr.flush()
+      with open(mpath + ".tmp", "w") as f:
+        json.dump(dict(meta, done=first + n), f)
+      os.replace(mpath + ".tmp", mpath)
+      bar.update(first + n - max(done, first))
+    first += n
+  bar.close()
 
 
 class FeatureShards(TokenShards):

@@ -1,4 +1,4 @@
-"""Small-M fp32 matrix products for XLA:CPU: one pass over the weights for 1..64 rows.
+"""Small-M fp32 matrix products for XLA:CPU: one pass over the weights for 1..16 rows.
 
 XLA:CPU streams a weight matrix once for a single row (GEMV), but its M >= 2 path re-reads it, so a
 (1+D)-token verify forward costs far more than a decode step although the weights are the same
@@ -27,7 +27,7 @@ from pallas_kernels import ffi_build
 
 SOURCE = Path(__file__).with_name("kernel.cc")
 NAME = "jspec_cpu_gemm"
-MAX_ROWS = 64        # above this (prefill), XLA's GEMM is the better kernel
+MAX_ROWS = 16        # above this, XLA's GEMM is the faster kernel (benchmarks/cpu_gemm)
 IMPLS = ("auto", "ffi", "xla")
 _TARGETS = {False: "jspec_cpu_gemm_nn", True: "jspec_cpu_gemm_nt"}
 _warned: list = []

@@ -74,7 +74,7 @@ PROMPTS.append({"id": "mt", "category": "multi_turn", "source": "test", "message
     {"role": "user", "content": "Recommend a game."}, {"role": "assistant", "content": "Chess."},
     {"role": "user", "content": "Something shorter?"}]})
 KW = dict(shard_size=4, batch_size=2, max_new_tokens=24, temperature=1.0, seed=3, multi_turn=0.7,
-          model_name="tiny", progress=False)
+          max_len=CFG.max_position, model_name="tiny", progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeyp
 
   # interrupted in the second batch, then resumed; grown from 5 prompts (a batch cut short) to 10
   b, calls = str(tmp_path / "b.jsonl"), []
-  real_call = data._Generator.__call__
+  real_call = data.SlotDecoder.generate
 
   def flaky(self, *a, **k):
     calls.append(1)
@@ -181,10 +181,11 @@ def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeyp
       raise KeyboardInterrupt
     return real_call(self, *a, **k)
 
-  monkeypatch.setattr(data._Generator, "__call__", flaky)
+  monkeypatch.setattr(data, "SYNTH_BATCHES_PER_CALL", 1)     # one batch per call: cut in between
+  monkeypatch.setattr(data.SlotDecoder, "generate", flaky)
   with pytest.raises(KeyboardInterrupt):
     data.synthesize_prompts(tiny, tok, b, **kw)
-  monkeypatch.setattr(data._Generator, "__call__", real_call)
+  monkeypatch.setattr(data.SlotDecoder, "generate", real_call)
   assert 0 < len(data._read_jsonl(b)) < 10
   assert data.synthesize_prompts(tiny, tok, b, **kw) == full
   assert open(b, "rb").read() == open(tmp_path / "a.jsonl", "rb").read()
@@ -230,24 +231,6 @@ def test_shards_hold_prompt_plus_generated_reply(tiny, tok, regen_dir):
   assert n_two >= 2   # multi_turn=0.7 over 10 prompts continues several conversations
 
 
-def test_batch_plan_bounds_rows_and_prefill_memory(tiny):
-  gen = data._Generator(tiny, EOS_IDS, batch_size=8, pad_multiple=128, prefill_attention_mb=4)
-  rng = np.random.default_rng(0)
-  lengths = rng.integers(5, 400, 40).tolist()
-  rows = [[3] * n for n in lengths]
-  plan = gen.plan(rows, [32] * len(rows))
-  assert sorted(i for b in plan for i in b) == list(range(40))
-  flat = [i for b in plan for i in b]
-  assert [lengths[i] for i in flat] == sorted(lengths)          # batched by length
-  sizes = []
-  for b in plan:
-    width = gen.padded_len(max(lengths[i] for i in b))[1]
-    cells = len(b) * CFG.num_heads * width * (width + 32)
-    assert len(b) <= 8 and (len(b) == 1 or cells * 4 <= 4 * 2**20)   # 4 MB of fp32 scores
-    sizes.append(len(b))
-  assert sizes[0] == 8 and min(sizes) < 8       # short prompts fill a batch, long ones do not
-
-
 def test_greedy_reply_equals_independent_decode(tiny, tok, tmp_path):
   out = str(tmp_path / "greedy")
   data.regenerate(tiny, tok, PROMPTS[:5], out, **{**KW, "temperature": 0.0, "multi_turn": 0.0})
@@ -260,6 +243,34 @@ def test_greedy_reply_equals_independent_decode(tiny, tok, tmp_path):
     upto = ties[0] if ties else None                # compare up to the first near-tie
     assert got[:upto] == ref.token_ids[0][:upto], pid
     assert mask[len(prompt):].all()
+
+
+def test_captured_features_equal_a_second_pass(tiny, tok, tmp_path):
+  """regenerate(taps=...) saves each token's features while generating; the feature cache copied
+  from them equals the one a teacher-forced second pass computes (bfloat16 rounding)."""
+  from jspec.train import features
+  taps = (0, 1)
+  out = str(tmp_path / "captured")
+  m = data.regenerate(tiny, tok, PROMPTS, out, **{**KW, "taps": taps})
+  assert all(os.path.isfile(os.path.join(out, s["features"])) for s in m["shards"])
+  plain = str(tmp_path / "plain")
+  data.regenerate(tiny, tok, PROMPTS, plain, **KW)
+  for name in sorted(os.listdir(plain)):       # the same tokens as without capture
+    if name.endswith(".npz"):
+      assert open(os.path.join(plain, name), "rb").read() == \
+          open(os.path.join(out, name), "rb").read()
+  seq_len = 64
+  copied = features.cache_features(tiny, out, str(tmp_path / "fa"), taps=taps, seq_len=seq_len,
+                                   progress=False)
+  os.remove(os.path.join(out, data.MANIFEST))  # the same data without the capture's record
+  m["config"]["taps"] = []
+  data._write_json(os.path.join(out, data.MANIFEST), m)
+  computed = features.cache_features(tiny, out, str(tmp_path / "fb"), taps=taps, seq_len=seq_len,
+                                     progress=False)
+  a = np.load(copied).view(features.DTYPE).astype(np.float32)
+  b = np.load(computed).view(features.DTYPE).astype(np.float32)
+  assert a.shape == b.shape and a.shape[1:] == (len(taps) + 1, CFG.hidden_size)
+  np.testing.assert_allclose(a, b, rtol=2**-6, atol=2e-3)
 
 
 def test_manifest_counts_match_shards(regen_dir):
@@ -312,19 +323,6 @@ def test_config_mismatch_is_an_error(tiny, tok, regen_dir):
     data.regenerate(tiny, tok, PROMPTS[:-1] + [{**PROMPTS[-1], "id": "other"}], regen_dir, **KW)
   with pytest.raises(ValueError, match="ids must be unique"):
     data.regenerate(tiny, tok, PROMPTS + PROMPTS[:1], regen_dir, **KW)
-
-
-def test_manifest_without_a_newer_batching_key_resumes(tiny, tok, regen_dir, tmp_path):
-  import shutil
-  out = str(tmp_path / "old")
-  shutil.copytree(regen_dir, out)
-  m = data.read_manifest(out)
-  del m["config"]["prefill_attention_mb"]
-  data._write_json(os.path.join(out, data.MANIFEST), m)
-  with pytest.warns(UserWarning, match="predates"):
-    again = data.regenerate(tiny, tok, PROMPTS, out, **KW)
-  assert again["config"] == data.read_manifest(regen_dir)["config"]
-  assert again["shards"] == data.read_manifest(regen_dir)["shards"]     # nothing redone
 
 
 # Loading ----------------------------------------------------------------------------------------
