@@ -265,7 +265,9 @@ class SlotDecoder:
         empty = empty[len(group):]
       if all(o is None for o in owner):
         break
-      want = min(a, len(queue)) if queue else b
+      # with nothing queued, return each time admit_width more rows end (their results may
+      # queue follow-ups) rather than once every slot is free
+      want = min(a, len(queue)) if queue else min(b, len(empty) + a)
       t = time.perf_counter()
       state = _run(self.graphdef, self.weights, state, jnp.int32(want), taps=self.taps,
                    eos_ids=self.eos_ids)

@@ -126,6 +126,7 @@ def main(argv=None) -> int:
     result["runs"][f"slots_B{b}"] = dict(
         seconds=round(sec, 2), reply_tokens=gen, reply_tokens_per_s=round(gen / sec, 1),
         admit_width=sd.admit_width, admits=sd.stats["admits"], runs=sd.stats["runs"],
+        prefill_s=round(sd.stats["admit_s"], 2), decode_s=round(sd.stats["run_s"], 2),
         same_as_static=same, plain_step_tokens_per_s=round(
             plain_step_tokens_per_s(model, b, int(np.mean([len(p) for p in prompts]))
                                     + max_new // 2), 1))

@@ -39,6 +39,7 @@ def cmd_data(args) -> None:
                              batch_size=args.batch_size, shard_size=args.shard_size,
                              temperature=args.temperature, multi_turn=args.multi_turn,
                              max_len=args.max_len, taps=_ints(args.taps, "--taps") or (),
+                             shuffle=args.shuffle,
                              seed=args.seed, progress=not args.no_progress)
   except (ValueError, OSError) as e:
     sys.exit(f"jspec: {e}")
@@ -256,6 +257,9 @@ def add_parser(sub, default_model: str) -> None:
                  help="comma-separated layers whose hidden states are saved while generating "
                       "(the final one is added), e.g. 2,15,27: EAGLE-3's for the default model; "
                       "`jspec train eagle3 --cache-features` then copies them, no second pass")
+  d.add_argument("--shuffle", action="store_true",
+                 help="answer the prompts in a seeded random order (every shard then holds each "
+                      "family in proportion; a partial run is a fair sample)")
   d.add_argument("--shard-size", type=int, default=256)
   d.add_argument("--temperature", type=float, default=0.0, help="for the replies")
   d.add_argument("--multi-turn", type=float, default=0.0,
@@ -264,7 +268,7 @@ def add_parser(sub, default_model: str) -> None:
   d.add_argument("--no-progress", action="store_true")
   d.set_defaults(func=cmd_data)
   from jspec.train.prompts.cli import add_parser as add_prompts_parser
-  add_prompts_parser(tsub)
+  add_prompts_parser(tsub, default_model)
 
   e = tsub.add_parser("eagle3", help="train an EAGLE-3 head (orbax checkpoints; resumes)")
   e.add_argument("--data", required=True, help="a folder written by `jspec train data`")

@@ -93,8 +93,9 @@ def _prompt_ids(tokenizer, messages: Sequence[dict]) -> list[int]:
   return list(tokenizer.encode(tokenizer.apply_chat_template(list(messages))))
 
 
-def _clean_user_turn(tokenizer, ids: Sequence[int], drop_truncated: bool) -> tuple[str | None, str]:
-  """A sampled user turn -> (stripped text or None, reason)."""
+def _clean_user_turn(tokenizer, ids: Sequence[int], drop_truncated: bool,
+                     opening: str = "") -> tuple[str | None, str]:
+  """A sampled user turn (continuing `opening`) -> (stripped text or None, reason)."""
   eos = set(tokenizer.eos_ids)
   stopped = bool(ids) and ids[-1] in eos
   body = list(ids[:-1] if stopped else ids)
@@ -103,12 +104,11 @@ def _clean_user_turn(tokenizer, ids: Sequence[int], drop_truncated: bool) -> tup
   text = tokenizer.decode(body)
   if tokenizer.decode(body, skip_special_tokens=True) != text:
     return None, "special_tokens"
-  text = text.strip()
-  if not text:
+  if not text.strip():
     return None, "empty"
-  if len(text) < MIN_PROMPT_CHARS:
+  if len(text.strip()) < MIN_PROMPT_CHARS:
     return None, "too_short"
-  return text, "kept"
+  return (opening + text).strip(), "kept"
 
 
 # Small helpers ----------------------------------------------------------------------------------
@@ -171,10 +171,15 @@ def _progress(progress: bool, **kw):
 def synthesize_prompts(model, tokenizer, out_path: str, *, num_prompts: int, batch_size: int,
                        max_new_tokens: int = 96, temperature: float = 1.0, top_p: float = 0.95,
                        seed: int = 0, system: str | None = None, model_name: str | None = None,
+                       openings: Sequence[str] = ("",), category: str = "magpie",
                        drop_truncated: bool = True, progress: bool = True) -> list[dict]:
   """Samples user turns from the target given only its chat template's user header (Magpie) and
   appends them to `out_path` (JSON Lines, the benchmark suite's format); returns the first
   `num_prompts` records.
+
+  openings steer the turns toward a kind of request: row r of batch b starts its user turn with
+  openings[(b * batch_size + r) % len(openings)] (e.g. "Write a poem about") and the target
+  writes the rest; records get `category` and ids `<category>-<batch>-<row>`.
 
   Drops turns that are empty, shorter than MIN_PROMPT_CHARS, contain special tokens, repeat an
   earlier one exactly, or (drop_truncated) did not end with EOS within max_new_tokens. Resumable
@@ -186,10 +191,15 @@ def synthesize_prompts(model, tokenizer, out_path: str, *, num_prompts: int, bat
     raise ValueError("num_prompts must be >= 0, batch_size and max_new_tokens >= 1")
   if not tokenizer.eos_ids:
     raise ValueError("the tokenizer has no EOS ids; a sampled user turn could never end")
-  header_ids = list(tokenizer.encode(user_header(tokenizer, system)))
+  openings = list(openings)
+  if not openings or not all(isinstance(o, str) for o in openings):
+    raise ValueError(f"openings must be a non-empty list of strings, got {openings!r:.80}")
+  header = user_header(tokenizer, system)
+  starts = [list(tokenizer.encode(header + o)) for o in openings]
   source = (f"magpie: user turn sampled by {name} from the chat template's user header, "
             f"T={temperature} top-p {top_p}, max {max_new_tokens} tokens, seed {seed}"
-            + (f", system prompt {system!r}" if system else ""))
+            + (f", system prompt {system!r}" if system else "")
+            + (f", opening words {openings!r}" if openings != [""] else ""))
   records = _read_jsonl(out_path) if os.path.exists(out_path) else []
   for r in records:
     if r.get("source") != source:
@@ -201,26 +211,28 @@ def synthesize_prompts(model, tokenizer, out_path: str, *, num_prompts: int, bat
   have_ids = {r["id"] for r in records}
   seen = {r["messages"][-1]["content"] for r in records}
   # redo the last recorded batch (deterministic), taking only rows not recorded yet
-  batch = max((int(r["id"].split("-")[1]) for r in records), default=0)
+  batch = max((int(r["id"].split("-")[-2]) for r in records), default=0)
   dec = SlotDecoder(model, eos_ids=tokenizer.eos_ids, slots=batch_size,
-                    max_len=len(header_ids) + max_new_tokens + 1, max_new_tokens=max_new_tokens)
+                    max_len=max(map(len, starts)) + max_new_tokens + 1,
+                    max_new_tokens=max_new_tokens)
+  opening = lambda bt, row: (bt * batch_size + row) % len(openings)
   reasons, empty_batches = Counter(), 0
   bar = _progress(progress, total=num_prompts, initial=len(records), unit="prompt",
                   desc="magpie prompts")
   t0 = time.perf_counter()
   while len(records) < num_prompts:
     group = range(batch, batch + SYNTH_BATCHES_PER_CALL)
-    res = dec.generate([Request(header_ids, max_new_tokens, temperature, top_p=top_p,
-                                seed=_derive_seed(seed, bt, row))
+    res = dec.generate([Request(starts[opening(bt, row)], max_new_tokens, temperature,
+                                top_p=top_p, seed=_derive_seed(seed, bt, row))
                         for bt in group for row in range(batch_size)])
     for g, bt in enumerate(group):
       before = len(records)
       for row in range(batch_size):
-        rid = f"magpie-{bt:06d}-{row:04d}"
+        rid = f"{category}-{bt:06d}-{row:04d}"
         if rid in have_ids:
           continue
         text, why = _clean_user_turn(tokenizer, res[g * batch_size + row].token_ids,
-                                     drop_truncated)
+                                     drop_truncated, openings[opening(bt, row)])
         if text is not None and text in seen:
           text, why = None, "duplicate"
         reasons[why] += 1
@@ -230,7 +242,7 @@ def synthesize_prompts(model, tokenizer, out_path: str, *, num_prompts: int, bat
         have_ids.add(rid)
         messages = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": text}]
-        records.append({"id": rid, "category": "magpie", "messages": messages, "source": source})
+        records.append({"id": rid, "category": category, "messages": messages, "source": source})
       empty_batches = 0 if len(records) > before else empty_batches + 1
       if empty_batches >= 20:
         raise RuntimeError(f"20 batches in a row gave no usable user turn ({dict(reasons)}); check "
@@ -357,21 +369,49 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
   bar = _progress(progress, total=len(prompts), unit="seq", desc=f"regenerate {out_dir}",
                   initial=min(len(manifest["shards"]) * shard_size, len(prompts)))
   t0 = time.perf_counter()
-  for k in range(len(manifest["shards"]), num_shards):
-    t_shard, g_shard = time.perf_counter(), dec.stats["generated_tokens"]
-    chunk = list(prompts[k * shard_size:(k + 1) * shard_size])
-    arrays, feats, stats = _regenerate_shard(dec, tokenizer, chunk, k, config,
-                                             on_sequence=lambda: _tick(bar, dec, t0))
-    stats["file"] = f"shard_{k:05d}.npz"
-    stats["seconds"] = round(time.perf_counter() - t_shard, 2)
-    stats["generated_tokens"] = dec.stats["generated_tokens"] - g_shard
-    if feats is not None:
-      stats["features"] = f"shard_{k:05d}.features.npy"
-      _write_npy(os.path.join(out_dir, stats["features"]), feats)
-    _write_npz(os.path.join(out_dir, stats["file"]), arrays)
-    manifest["shards"].append(stats)
-    _summarise(manifest)
-    _write_json(path, manifest)
+  # One request stream over every shard left: the next shard's prompts join the queue before the
+  # current one's last rows end, so the slots never drain between shards. Shards are written in
+  # order as soon as all their sequences are done.
+  todo = iter(range(len(manifest["shards"]), num_shards))
+  work: dict[int, _ShardWork] = {}
+  queue: collections.deque = collections.deque()
+  started = {}
+
+  def top_up():
+    while len(queue) < 2 * batch_size:
+      k = next(todo, None)
+      if k is None:
+        return
+      work[k] = _ShardWork(tokenizer, prompts[k * shard_size:(k + 1) * shard_size], k, config)
+      started[k] = (time.perf_counter(), dec.stats["generated_tokens"])
+      queue.extend(work[k].first_requests())
+
+  def write_finished():
+    while work and min(work) in work and work[min(work)].finished:
+      k = min(work)
+      arrays, feats, stats = work.pop(k).result()
+      t_start, g_start = started.pop(k)
+      stats["file"] = f"shard_{k:05d}.npz"
+      stats["seconds"] = round(time.perf_counter() - t_start, 2)      # overlaps its neighbours
+      stats["generated_tokens"] = stats.pop("generated")
+      if feats is not None:
+        stats["features"] = f"shard_{k:05d}.features.npy"
+        _write_npy(os.path.join(out_dir, stats["features"]), feats)
+      _write_npz(os.path.join(out_dir, stats["file"]), arrays)
+      manifest["shards"].append(stats)
+      manifest["tokens_per_s"] = round(
+          (dec.stats["generated_tokens"]) / max(time.perf_counter() - t0, 1e-9), 1)
+      _summarise(manifest)
+      _write_json(path, manifest)
+
+  top_up()
+  for res in dec.stream(queue):
+    k = res.index[0]
+    if work[k].take(res, queue):
+      _tick(bar, dec, t0)
+    write_finished()
+    top_up()
+  write_finished()
   bar.close()
   manifest["complete"] = len(manifest["shards"]) == num_shards
   _summarise(manifest)
@@ -406,72 +446,102 @@ def _next_user_context(tokenizer, messages, seq: list[int]) -> tuple[list[int], 
   return seq + _encode_piece(tokenizer, after_reply), after_user
 
 
-def _regenerate_shard(dec: SlotDecoder, tokenizer, chunk: list[dict], k: int, config: dict,
-                      on_sequence) -> tuple[dict, np.ndarray | None, dict]:
-  eos = set(tokenizer.eos_ids)
-  limit, seed = config["max_len"], config["seed"]
-  answer = lambda ids, turn, i: Request(ids, min(config["max_new_tokens"], limit - len(ids)),
-                                        config["temperature"], seed=_derive_seed(seed, k, turn, i))
-  # turn 1: the prompt as the library renders it, answered by the target
-  prompt = [_prompt_ids(tokenizer, p["messages"]) for p in chunk]
-  live = [i for i, ids in enumerate(prompt) if len(ids) < limit]
-  skipped = [chunk[i]["id"] for i in range(len(chunk)) if len(prompt[i]) >= limit]
-  draw = np.random.default_rng([seed, k, 7]).random(len(chunk))
-  queue = collections.deque(((i, 0), answer(prompt[i], 0, i))
-                            for i in sorted(live, key=lambda i: (-len(prompt[i]), i)))
-  seqs, masks, turns, stopped, feats, pending = {}, {}, {}, {}, {}, {}
-  for res in dec.stream(queue):
-    i, turn = res.index
+class _ShardWork:
+  """The requests of one shard and what came back: turn 1 for each prompt, then for a fraction
+  `multi_turn` of the conversations whose reply ended with EOS a sampled user turn and its answer.
+  Every request is tagged (shard, prompt, turn) and seeded by (seed, shard, turn, prompt)."""
+
+  def __init__(self, tokenizer, chunk: Sequence[dict], k: int, config: dict):
+    self.tok, self.chunk, self.k, self.config = tokenizer, list(chunk), k, config
+    self.eos = set(tokenizer.eos_ids)
+    self.limit = config["max_len"]
+    # turn 1: the prompt as the library renders it, answered by the target
+    self.prompt = [_prompt_ids(tokenizer, p["messages"]) for p in self.chunk]
+    self.live = [i for i, ids in enumerate(self.prompt) if len(ids) < self.limit]
+    self.draw = np.random.default_rng([config["seed"], k, 7]).random(len(self.chunk))
+    self.seqs, self.masks, self.turns, self.stopped, self.feats = {}, {}, {}, {}, {}
+    self.pending: dict = {}
+    self.open = len(self.live)            # conversations not finished yet
+    self.generated = 0
+
+  @property
+  def finished(self) -> bool:
+    return self.open == 0
+
+  def _answer(self, ids, turn: int, i: int):
+    cfg = self.config
+    return (self.k, i, turn), Request(ids, min(cfg["max_new_tokens"], self.limit - len(ids)),
+                                      cfg["temperature"],
+                                      seed=_derive_seed(cfg["seed"], self.k, turn, i))
+
+  def first_requests(self) -> list:
+    return [self._answer(self.prompt[i], 0, i)
+            for i in sorted(self.live, key=lambda i: (-len(self.prompt[i]), i))]
+
+  def take(self, res, queue) -> bool:
+    """Records a result (appending any follow-up request to queue); True when it ended a
+    conversation."""
+    _, i, turn = res.index
+    cfg, tok = self.config, self.tok
+    self.generated += len(res.token_ids)
     if turn == 0:
       reply = res.token_ids
-      seqs[i], masks[i] = prompt[i] + reply, [0] * len(prompt[i]) + [1] * len(reply)
-      turns[i], stopped[i], feats[i] = 1, bool(reply) and reply[-1] in eos, res.features
+      self.seqs[i] = self.prompt[i] + reply
+      self.masks[i] = [0] * len(self.prompt[i]) + [1] * len(reply)
+      self.turns[i], self.stopped[i] = 1, bool(reply) and reply[-1] in self.eos
+      self.feats[i] = res.features
       # turn 2 for a fraction of the conversations: a sampled user turn, then the target's answer
-      if draw[i] < config["multi_turn"] and stopped[i]:
-        ctx, glue_after_user = _next_user_context(tokenizer, chunk[i]["messages"], seqs[i])
-        if len(ctx) + 2 < limit:
-          pending[i] = ctx, glue_after_user
-          queue.append(((i, 1), Request(
-              ctx, min(config["user_max_new_tokens"], limit - len(ctx)),
-              config["user_temperature"], top_p=config["user_top_p"],
-              seed=_derive_seed(seed, k, 1, i))))
-          continue
+      if self.draw[i] < cfg["multi_turn"] and self.stopped[i]:
+        ctx, glue_after_user = _next_user_context(tok, self.chunk[i]["messages"], self.seqs[i])
+        if len(ctx) + 2 < self.limit:
+          self.pending[i] = ctx, glue_after_user
+          queue.append(((self.k, i, 1), Request(
+              ctx, min(cfg["user_max_new_tokens"], self.limit - len(ctx)),
+              cfg["user_temperature"], top_p=cfg["user_top_p"],
+              seed=_derive_seed(cfg["seed"], self.k, 1, i))))
+          return False
     elif turn == 1:
-      ctx, glue_after_user = pending.pop(i)
-      text, _ = _clean_user_turn(tokenizer, res.token_ids, drop_truncated=True)
+      ctx, glue_after_user = self.pending.pop(i)
+      text, _ = _clean_user_turn(tok, res.token_ids, drop_truncated=True)
       if text is not None:
-        p2 = ctx + _encode_piece(tokenizer, text) + _encode_piece(tokenizer, glue_after_user)
-        if len(p2) < limit:
-          pending[i] = p2
-          queue.append(((i, 2), answer(p2, 2, i)))
-          continue
+        p2 = ctx + _encode_piece(tok, text) + _encode_piece(tok, glue_after_user)
+        if len(p2) < self.limit:
+          self.pending[i] = p2
+          queue.append(self._answer(p2, 2, i))
+          return False
     else:
-      p2, a = pending.pop(i), res.token_ids
-      masks[i] = masks[i] + [0] * (len(p2) - len(seqs[i])) + [1] * len(a)
-      seqs[i], turns[i], stopped[i], feats[i] = p2 + a, 2, bool(a) and a[-1] in eos, res.features
-    on_sequence()
+      p2, a = self.pending.pop(i), res.token_ids
+      self.masks[i] = self.masks[i] + [0] * (len(p2) - len(self.seqs[i])) + [1] * len(a)
+      self.seqs[i], self.turns[i] = p2 + a, 2
+      self.stopped[i], self.feats[i] = bool(a) and a[-1] in self.eos, res.features
+    self.open -= 1
+    return True
 
-  lengths = [len(seqs[i]) for i in live]
-  arrays = dict(
-      tokens=np.asarray([t for i in live for t in seqs[i]], np.int32),
-      offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
-      loss_mask=np.asarray([m for i in live for m in masks[i]], np.uint8),
-      prompt_ids=np.asarray([chunk[i]["id"] for i in live], dtype=str),
-      turns=np.asarray([turns[i] for i in live], np.uint8),
-      stopped=np.asarray([stopped[i] for i in live], np.uint8))
-  features = None
-  if config["taps"] and live:
-    features = np.concatenate([feats[i] for i in live], axis=0).view(np.uint16)
-  cats: dict[str, Counter] = {}
-  for i in live:
-    c = cats.setdefault(chunk[i].get("category", "none"), Counter())
-    c.update(sequences=1, tokens=len(seqs[i]), response_tokens=sum(masks[i]),
-             multi_turn=int(turns[i] == 2))
-  stats = dict(prompts=len(chunk), sequences=len(live), tokens=int(sum(lengths)),
-               response_tokens=int(arrays["loss_mask"].sum()),
-               multi_turn=sum(t == 2 for t in turns.values()), skipped=skipped,
-               categories={c: dict(v) for c, v in sorted(cats.items())})
-  return arrays, features, stats
+  def result(self) -> tuple[dict, np.ndarray | None, dict]:
+    live, seqs, masks, turns = self.live, self.seqs, self.masks, self.turns
+    lengths = [len(seqs[i]) for i in live]
+    arrays = dict(
+        tokens=np.asarray([t for i in live for t in seqs[i]], np.int32),
+        offsets=np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int64),
+        loss_mask=np.asarray([m for i in live for m in masks[i]], np.uint8),
+        prompt_ids=np.asarray([self.chunk[i]["id"] for i in live], dtype=str),
+        turns=np.asarray([turns[i] for i in live], np.uint8),
+        stopped=np.asarray([self.stopped[i] for i in live], np.uint8))
+    features = None
+    if self.config["taps"] and live:
+      features = np.concatenate([self.feats[i] for i in live], axis=0).view(np.uint16)
+    cats: dict[str, Counter] = {}
+    for i in live:
+      c = cats.setdefault(self.chunk[i].get("category", "none"), Counter())
+      c.update(sequences=1, tokens=len(seqs[i]), response_tokens=sum(masks[i]),
+               multi_turn=int(turns[i] == 2))
+    skipped = [p["id"] for p, ids in zip(self.chunk, self.prompt) if len(ids) >= self.limit]
+    stats = dict(prompts=len(self.chunk), sequences=len(live), tokens=int(sum(lengths)),
+                 response_tokens=int(arrays["loss_mask"].sum()),
+                 multi_turn=sum(t == 2 for t in turns.values()), skipped=skipped,
+                 categories={c: dict(v) for c, v in sorted(cats.items())},
+                 generated=self.generated)
+    return arrays, features, stats
 
 
 # 3. Loading: a grain data source and a checkpointable iterator -----------------------------------
@@ -631,10 +701,12 @@ def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpi
                   magpie_temperature: float = 1.0, magpie_top_p: float = 0.95,
                   shard_size: int = 256, batch_size: int = 64, max_new_tokens: int = 512,
                   temperature: float = 0.0, multi_turn: float = 0.0, max_len: int | None = None,
-                  taps: Sequence[int] = (), seed: int = 0, progress: bool = True) -> dict:
+                  taps: Sequence[int] = (), shuffle: bool = False, seed: int = 0,
+                  progress: bool = True) -> dict:
   """Samples `num_magpie` Magpie prompts into out_dir/magpie.jsonl, then regenerates answers to
-  the prompt files' prompts followed by the Magpie ones into out_dir's shards; returns the
-  manifest. `model` is a registered name / path (loaded here) or a models.LoadedModel. Rerunning
+  the prompt files' prompts followed by the Magpie ones (all in a seeded random order with
+  `shuffle`, so that every shard holds each kind of prompt in proportion) into out_dir's shards;
+  returns the manifest. `model` is a registered name / path (loaded here) or a models.LoadedModel. Rerunning
   the same command resumes both steps; changing any setting needs another out_dir."""
   import models
   lm = models.load(model, quiet=not progress) if isinstance(model, str) else model
@@ -656,10 +728,13 @@ def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpi
   dup = [i for i, c in ids.items() if c > 1]
   if dup:
     raise ValueError(f"prompt ids used in more than one file: {dup[:5]}; ids must be unique")
+  if shuffle:
+    prompts = [prompts[j] for j in np.random.default_rng([seed, 11]).permutation(len(prompts))]
   manifest = regenerate(lm, lm.tokenizer, prompts, out_dir, shard_size=shard_size,
                         batch_size=batch_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, multi_turn=multi_turn,
                         max_len=max_len, taps=taps, progress=progress)
   manifest["prompt_files"] = per_file
+  manifest["prompt_order"] = f"shuffled (seed {seed})" if shuffle else "as in the files"
   _write_json(os.path.join(out_dir, MANIFEST), manifest)
   return manifest

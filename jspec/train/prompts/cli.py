@@ -1,4 +1,5 @@
-"""`jspec train prompts OUT`: build the drafter-training prompt corpus (see build.py)."""
+"""`jspec train prompts OUT`: build the drafter-training prompt corpus (see build.py);
+`jspec train magpie OUT_DIR`: target-written prompts steered by family (magpie.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,22 @@ def cmd_prompts(args) -> None:
                                              "shortfall")}, indent=2))
 
 
-def add_parser(tsub) -> None:
+def cmd_magpie(args) -> None:
+  import models
+  from jspec.train.prompts.magpie import synthesize_families
+  fams = args.families.split(",") if args.families else None
+  args.interrupt_note = f"sampled prompts are saved in {args.out}; run again to resume"
+  try:
+    lm = models.load(args.model, quiet=args.no_progress)
+    paths = synthesize_families(lm, lm.tokenizer, args.out, per_family=args.per_family,
+                                batch_size=args.batch_size, seed=args.seed, families=fams,
+                                progress=not args.no_progress)
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  print(json.dumps(paths, indent=2))
+
+
+def add_parser(tsub, default_model: str) -> None:
   from jspec.train.prompts.build import DEFAULT_NUM
   p = tsub.add_parser("prompts", help="build the prompt corpus for drafter training (template "
                                       "and third-party-docs prompts in 12 families, deduplicated "
@@ -36,3 +52,14 @@ def add_parser(tsub) -> None:
                       "deduplicated and decontaminated with the rest")
   p.add_argument("--no-progress", action="store_true")
   p.set_defaults(func=cmd_prompts)
+
+  m = tsub.add_parser("magpie", help="sample user prompts from the target, steered by family "
+                                     "with opening words (one JSON Lines file per family)")
+  m.add_argument("out", help="output folder (magpie_<family>.jsonl); rerun to resume or extend")
+  m.add_argument("--model", default=default_model)
+  m.add_argument("--per-family", type=int, default=500)
+  m.add_argument("--families", default=None, help="comma-separated (default: all)")
+  m.add_argument("--batch-size", type=int, default=64)
+  m.add_argument("--seed", type=int, default=0)
+  m.add_argument("--no-progress", action="store_true")
+  m.set_defaults(func=cmd_magpie)

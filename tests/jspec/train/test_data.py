@@ -5,6 +5,7 @@ SmolLM2's chat template: shard contents against an independent decode, resume = 
 import json
 import os
 import re
+import shutil
 import types
 
 import numpy as np
@@ -197,6 +198,23 @@ def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeyp
     data.synthesize_prompts(tiny, tok, c, **{**kw, "temperature": 0.7})
 
 
+def test_synthesize_steered_by_opening_words(tiny, tok, tmp_path):
+  openings = ["Write a poem about", "Explain how"]
+  kw = dict(num_prompts=6, batch_size=4, max_new_tokens=48, seed=2, model_name="tiny",
+            openings=openings, category="steered", progress=False)
+  recs = data.synthesize_prompts(tiny, tok, str(tmp_path / "s.jsonl"), **kw)
+  assert len(recs) == 6
+  for r in recs:
+    _, batch, row = r["id"].split("-")
+    k = (int(batch) * 4 + int(row)) % 2
+    text = r["messages"][-1]["content"]
+    assert r["category"] == "steered" and text.startswith(openings[k])
+    assert len(text) - len(openings[k]) >= data.MIN_PROMPT_CHARS - 1
+    assert "opening words" in r["source"]
+  with pytest.raises(ValueError, match="openings"):
+    data.synthesize_prompts(tiny, tok, str(tmp_path / "t.jsonl"), **{**kw, "openings": []})
+
+
 # Regeneration -----------------------------------------------------------------------------------
 
 
@@ -288,15 +306,15 @@ def test_manifest_counts_match_shards(regen_dir):
 
 def test_resume_after_interruption_is_byte_identical(tiny, tok, regen_dir, tmp_path, monkeypatch):
   out, seen = str(tmp_path / "resumed"), []
-  real_shard = data._regenerate_shard
+  real_result = data._ShardWork.result
 
-  def stop_at_shard_1(gen, tok_, chunk, k, *a, **kw):
-    seen.append(k)
-    if k == 1 and seen.count(1) == 1:
+  def stop_at_shard_1(self):
+    seen.append(self.k)
+    if self.k == 1 and seen.count(1) == 1:
       raise RuntimeError("interrupted")
-    return real_shard(gen, tok_, chunk, k, *a, **kw)
+    return real_result(self)
 
-  monkeypatch.setattr(data, "_regenerate_shard", stop_at_shard_1)
+  monkeypatch.setattr(data._ShardWork, "result", stop_at_shard_1)
   with pytest.raises(RuntimeError, match="interrupted"):
     data.regenerate(tiny, tok, PROMPTS, out, **KW)
   partial = data.read_manifest(out)
@@ -397,3 +415,9 @@ def test_build_dataset_end_to_end(tiny, tok, tmp_path):
   before = {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)}
   assert data.build_dataset(lm, out, **kw)["totals"] == m["totals"]     # rerun: nothing redone
   assert {f: open(os.path.join(out, f), "rb").read() for f in os.listdir(out)} == before
+  mixed = str(tmp_path / "shuffled")
+  os.makedirs(mixed)
+  shutil.copy(os.path.join(out, "magpie.jsonl"), mixed)                 # no new sampling
+  m2 = data.build_dataset(lm, mixed, **{**kw, "shuffle": True})
+  ids2 = [r[0] for r in _shard_sequences(mixed)]
+  assert sorted(ids2) == sorted(ids) and ids2 != ids and m2["prompt_order"] == "shuffled (seed 0)"

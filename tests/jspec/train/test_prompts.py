@@ -348,3 +348,12 @@ def test_cli_errors(tmp_path, capsys):
   assert ".jsonl or .jsonl.gz" in msg
   assert not os.path.exists(out)
 
+
+
+def test_magpie_cli_errors_before_loading_anything(tmp_path, capsys):
+  from jspec.train.prompts import magpie
+  with pytest.raises(ValueError, match="unknown families"):
+    magpie.synthesize_families(None, None, str(tmp_path), per_family=3, families=["poetry"])
+  with pytest.raises(ValueError, match="per-family"):
+    magpie.synthesize_families(None, None, str(tmp_path), per_family=0)
+  assert len({magpie.family_seed(0, f) for f in magpie.STEERED}) == len(magpie.STEERED)
