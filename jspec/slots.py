@@ -222,8 +222,8 @@ class SlotDecoder:
       raise ValueError(f"{where} has token ids outside [0, {self.config.vocab_size})")
     SamplingParams.make(1, r.temperature, r.top_k, r.top_p)     # validates them
 
-  def generate(self, requests: Sequence[Request], *, progress: Callable[[Result], None] | None = None
-               ) -> list[Result]:
+  def generate(self, requests: Sequence[Request], *,
+               progress: Callable[[Result], None] | None = None) -> list[Result]:
     """Answers every request; results in request order. Requests are validated before any work,
     then admitted longest prompt first (fewer prompt-width buckets per refill)."""
     requests = list(requests)

@@ -52,7 +52,8 @@ def plain_step_tokens_per_s(model, batch: int, context: int, calls: int = 8) -> 
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(prog="python -m jspec.bench.slots", description=__doc__.split("\n\n")[0])
+  ap = argparse.ArgumentParser(prog="python -m jspec.bench.slots",
+                               description=__doc__.split("\n\n")[0])
   ap.add_argument("--json", required=True, help="result file (overwritten)")
   ap.add_argument("--prompts", nargs="+", default=["benchmarks/prompts/train.jsonl"])
   ap.add_argument("--num", type=int, default=192, help="prompts taken (spread over categories)")

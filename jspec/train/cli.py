@@ -73,6 +73,8 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
                               keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
                               seed=args.seed)
     validate()
+    if args.vocab_coverage is not None and not 0 < args.vocab_coverage <= 1:
+      raise ValueError(f"--vocab-coverage is a share in (0, 1], got {args.vocab_coverage}")
     read_manifest(args.data)
     export = args.export or os.path.join(args.out, "head")
     os.makedirs(args.out, exist_ok=True)
@@ -84,17 +86,26 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
                          "command again to resume")
   loaded = models.load(args.model)
   target = loaded.model
+  v = target.config.vocab_size
+  # rank by reply counts, ties (unseen in replies) by counts over whole conversations
+  rank = lambda part: (token_counts(args.data, v, part=part) * (everywhere.sum() + 1)
+                       + token_counts(args.data, v, replies_only=False, part=part))
   try:
-    counts = token_counts(args.data, target.config.vocab_size)
-    # rank by reply counts, ties (unseen in replies) by counts over whole conversations
-    everywhere = token_counts(args.data, target.config.vocab_size, replies_only=False)
-    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, args.draft_vocab)
+    counts = token_counts(args.data, v)
+    everywhere = token_counts(args.data, v, replies_only=False)
+    check = token_counts(args.data, v, part="check")      # a tenth of the sequences, held out
+    size = args.draft_vocab
+    if args.vocab_coverage is not None:   # sized on the other nine tenths, measured on this one
+      size, _ = eagle3.size_for_coverage(rank("fit"), check, args.vocab_coverage)
+    fit_ids = eagle3.draft_vocab(rank("fit"), size)
+    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, size)
     task = make_task(target, ids)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   coverage = counts[ids].sum() / max(counts.sum(), 1)
-  print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens",
-        file=sys.stderr)
+  heldout_coverage = check[fit_ids].sum() / max(check.sum(), 1)
+  print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens "
+        f"({heldout_coverage:.1%} of held-out replies when chosen without them)", file=sys.stderr)
   features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
   try:
     if features is not None:
@@ -108,6 +119,7 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
   last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
   print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
                         draft_vocab=len(ids), draft_vocab_coverage=coverage,
+                        draft_vocab_heldout_coverage=heldout_coverage,
                         heldout=last_eval), indent=2))
 
 
@@ -227,6 +239,9 @@ def _common(p, default_model: str, lr: float, warmup: int, draft_vocab: int) -> 
   p.add_argument("--lr", type=float, default=lr)
   p.add_argument("--warmup", type=int, default=warmup)
   p.add_argument("--draft-vocab", type=int, default=draft_vocab)
+  p.add_argument("--vocab-coverage", type=float, default=None,
+                 help="size the draft vocabulary (a multiple of 256) to hold this share of "
+                      "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
   p.add_argument("--save-every", type=int, default=100)
   p.add_argument("--keep", type=int, default=3)
   p.add_argument("--eval-every", type=int, default=200)
@@ -285,6 +300,9 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--ttt-steps", type=int, default=3)
   e.add_argument("--decay", type=float, default=0.8, help="loss weight decay per TTT step")
   e.add_argument("--draft-vocab", type=int, default=8192)
+  e.add_argument("--vocab-coverage", type=float, default=None,
+                 help="size the draft vocabulary (a multiple of 256) to hold this share of "
+                      "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
   e.add_argument("--taps", default=None, help="target layers, e.g. 2,15,27 (default 2,L//2,L-3)")
   e.add_argument("--save-every", type=int, default=100)
   e.add_argument("--keep", type=int, default=3)
@@ -318,6 +336,9 @@ def add_parser(sub, default_model: str) -> None:
   m.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
   m.add_argument("--decay", type=float, default=0.8, help="loss weight decay per head")
   m.add_argument("--draft-vocab", type=int, default=2048)
+  m.add_argument("--vocab-coverage", type=float, default=None,
+                 help="size the draft vocabulary (a multiple of 256) to hold this share of "
+                      "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
   m.add_argument("--save-every", type=int, default=100)
   m.add_argument("--keep", type=int, default=3)
   m.add_argument("--eval-every", type=int, default=200)
@@ -351,6 +372,9 @@ def add_parser(sub, default_model: str) -> None:
                  help="step k's loss weight is beta^(k-1), normalised (FastMTP)")
   mt.add_argument("--draft-vocab", type=int, default=6144,
                  help="rows of the target's LM head the module drafts from (and the loss uses)")
+  mt.add_argument("--vocab-coverage", type=float, default=None,
+                  help="size the draft vocabulary (a multiple of 256) to hold this share of "
+                       "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
   mt.add_argument("--save-every", type=int, default=100)
   mt.add_argument("--keep", type=int, default=3)
   mt.add_argument("--eval-every", type=int, default=200)

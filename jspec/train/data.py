@@ -421,7 +421,8 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
 
 def _tick(bar, dec: SlotDecoder, t0: float):
   bar.update(1)
-  bar.set_postfix(tok_s=f"{dec.stats['generated_tokens'] / max(time.perf_counter() - t0, 1e-9):.0f}")
+  rate = dec.stats["generated_tokens"] / max(time.perf_counter() - t0, 1e-9)
+  bar.set_postfix(tok_s=f"{rate:.0f}")
 
 
 def _summarise(manifest: dict) -> None:
@@ -673,13 +674,30 @@ def restore_iterator(data_dir: str, state: dict, **kwargs):
 # 4. Statistics ----------------------------------------------------------------------------------
 
 
-def token_counts(data_dir: str, vocab_size: int, replies_only: bool = True) -> np.ndarray:
+VOCAB_CHECK_SHARE = 10     # token_counts(part="check"): the sequences whose id hashes to 0 mod 10
+
+
+def _in_check_part(prompt_id: str) -> bool:
+  return int(hashlib.sha256(prompt_id.encode()).hexdigest()[:8], 16) % VOCAB_CHECK_SHARE == 0
+
+
+def token_counts(data_dir: str, vocab_size: int, replies_only: bool = True,
+                 part: str | None = None) -> np.ndarray:
   """int64 [vocab_size]: how often each token occurs where loss_mask == 1 (the target's replies;
-  every token with replies_only=False), over all shards; for choosing a reduced vocabulary."""
+  every token with replies_only=False), over all shards; for choosing a reduced vocabulary.
+  part: None (every sequence), "check" (a fixed tenth of the sequences, chosen by a hash of the
+  prompt id: held out to measure a vocabulary's coverage) or "fit" (the rest)."""
+  if part not in (None, "fit", "check"):
+    raise ValueError(f"part must be None, 'fit' or 'check', got {part!r}")
   counts = np.zeros(vocab_size, np.int64)
   for s in read_manifest(data_dir)["shards"]:
     with np.load(os.path.join(data_dir, s["file"])) as z:
-      toks = z["tokens"][z["loss_mask"] == 1] if replies_only else z["tokens"]
+      toks, mask = z["tokens"], z["loss_mask"] == 1
+      if part is not None:
+        check = np.asarray([_in_check_part(str(i)) for i in z["prompt_ids"]])
+        keep = np.repeat(check if part == "check" else ~check, np.diff(z["offsets"]))
+        toks, mask = toks[keep], mask[keep]
+      toks = toks[mask] if replies_only else toks
     if len(toks) and (toks.min() < 0 or toks.max() >= vocab_size):
       raise ValueError(f"{s['file']} has token ids outside [0, {vocab_size}); wrong vocab_size?")
     counts += np.bincount(toks, minlength=vocab_size)
@@ -706,8 +724,9 @@ def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpi
   """Samples `num_magpie` Magpie prompts into out_dir/magpie.jsonl, then regenerates answers to
   the prompt files' prompts followed by the Magpie ones (all in a seeded random order with
   `shuffle`, so that every shard holds each kind of prompt in proportion) into out_dir's shards;
-  returns the manifest. `model` is a registered name / path (loaded here) or a models.LoadedModel. Rerunning
-  the same command resumes both steps; changing any setting needs another out_dir."""
+  returns the manifest. `model` is a registered name / path (loaded here) or a
+  models.LoadedModel. Rerunning the same command resumes both steps; changing any setting needs
+  another out_dir."""
   import models
   lm = models.load(model, quiet=not progress) if isinstance(model, str) else model
   os.makedirs(out_dir, exist_ok=True)

@@ -31,6 +31,22 @@ def draft_vocab(counts: np.ndarray, size: int) -> np.ndarray:
   return np.sort(order[:size]).astype(np.int32)
 
 
+def size_for_coverage(ranking: np.ndarray, check: np.ndarray, coverage: float,
+                      multiple: int = 256) -> tuple[int, float]:
+  """The smallest draft-vocabulary size (a multiple of `multiple`, at most the vocabulary) whose
+  `draft_vocab(ranking, size)` holds `coverage` of the held-out token counts `check`; returns
+  (size, the coverage it reaches)."""
+  if not 0 < coverage <= 1:
+    raise ValueError(f"vocabulary coverage must be in (0, 1], got {coverage}")
+  if check.sum() == 0:
+    raise ValueError("no held-out reply tokens to measure coverage on; regenerate more data")
+  order = np.lexsort((np.arange(len(ranking)), -ranking))    # as draft_vocab ranks
+  reached = np.cumsum(check[order]) / check.sum()
+  size = int(np.searchsorted(reached, coverage - 1e-12)) + 1
+  size = min(-(-size // multiple) * multiple, len(ranking))
+  return size, float(reached[size - 1])
+
+
 def _target_head_rows(target: Llama, ids: jax.Array) -> jax.Array:
   """The target's LM-head rows of the draft vocabulary: [Vd, H]."""
   if target.config.tie_embeddings:

@@ -399,6 +399,19 @@ def test_token_counts_match_numpy(regen_dir):
     data.token_counts(regen_dir, 50)
 
 
+def test_token_count_parts_partition_the_sequences(regen_dir):
+  v = CFG.vocab_size
+  fit, check = (data.token_counts(regen_dir, v, part=p) for p in ("fit", "check"))
+  assert np.array_equal(fit + check, data.token_counts(regen_dir, v))
+  ids = [r[0] for r in _shard_sequences(regen_dir)]
+  held = [i for i in ids if data._in_check_part(i)]
+  assert 0 < len(held) < len(ids) or check.sum() == 0
+  want = sum(int(r[2].sum()) for r in _shard_sequences(regen_dir) if r[0] in held)
+  assert check.sum() == want
+  with pytest.raises(ValueError, match="part"):
+    data.token_counts(regen_dir, v, part="train")
+
+
 def test_build_dataset_end_to_end(tiny, tok, tmp_path):
   prompt_file = tmp_path / "prompts.jsonl"
   prompt_file.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:3]))

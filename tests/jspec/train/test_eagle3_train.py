@@ -131,6 +131,20 @@ def saved_head(target, tmp_path):
   return head, folder
 
 
+def test_size_for_coverage_is_the_smallest_multiple_that_covers():
+  rng = np.random.default_rng(0)
+  ranking = rng.zipf(1.3, 2000).astype(np.int64)
+  check = rng.poisson(ranking / 3.0)
+  for target in (0.5, 0.9, 0.97, 1.0):
+    size, reached = eagle3.size_for_coverage(ranking, check, target, multiple=64)
+    cov = lambda n: check[eagle3.draft_vocab(ranking, n)].sum() / check.sum()
+    assert size % 64 == 0 or size == 2000
+    assert cov(size) >= target - 1e-9 and abs(reached - cov(size)) < 1e-9
+    assert size == 64 or cov(size - 64) < target     # brute force: no smaller multiple covers
+  with pytest.raises(ValueError, match="coverage"):
+    eagle3.size_for_coverage(ranking, check, 1.5)
+
+
 def test_speculators_export_round_trips(saved_head):
   head, folder = saved_head
   cfg = json.load(open(os.path.join(folder, "config.json")))
