@@ -480,7 +480,8 @@ class _ShardWork:
             for i in sorted(self.live, key=lambda i: (-len(self.prompt[i]), i))]
 
   def take(self, res, queue) -> bool:
-    """Records a result (appending any follow-up request to queue); True when it ended a
+    """Records a result; a follow-up request goes to the front of the queue (a conversation
+    left open holds its whole shard back from being written). True when it ended a
     conversation."""
     _, i, turn = res.index
     cfg, tok = self.config, self.tok
@@ -496,7 +497,7 @@ class _ShardWork:
         ctx, glue_after_user = _next_user_context(tok, self.chunk[i]["messages"], self.seqs[i])
         if len(ctx) + 2 < self.limit:
           self.pending[i] = ctx, glue_after_user
-          queue.append(((self.k, i, 1), Request(
+          queue.appendleft(((self.k, i, 1), Request(
               ctx, min(cfg["user_max_new_tokens"], self.limit - len(ctx)),
               cfg["user_temperature"], top_p=cfg["user_top_p"],
               seed=_derive_seed(cfg["seed"], self.k, 1, i))))
@@ -508,7 +509,7 @@ class _ShardWork:
         p2 = ctx + _encode_piece(tok, text) + _encode_piece(tok, glue_after_user)
         if len(p2) < self.limit:
           self.pending[i] = p2
-          queue.append(self._answer(p2, 2, i))
+          queue.appendleft(self._answer(p2, 2, i))
           return False
     else:
       p2, a = self.pending.pop(i), res.token_ids
