@@ -44,7 +44,7 @@ def _money(x: Fraction | int) -> str:
 
 
 def shopping(rng):
-  name, (s1, p1), (s2, p2) = pick(rng, NAMES), *[SNACKS[i] for i in rng.choice(len(SNACKS), 2,
+  name, (_, p1), (_, p2) = pick(rng, NAMES), *[SNACKS[i] for i in rng.choice(len(SNACKS), 2,
                                                                                  replace=False)]
   a, b, pa, pb = (int(v) for v in (rng.integers(2, 9), rng.integers(2, 9), rng.integers(2, 15),
                                    rng.integers(2, 15)))
