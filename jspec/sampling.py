@@ -48,21 +48,68 @@ def _per_row(x: jax.Array, ndim: int) -> jax.Array:
   return x.reshape(x.shape + (1,) * (ndim - 1))
 
 
+TOP_CANDIDATES = 256   # a row's cut is looked for among its largest logits first (no full sort)
+
+
+def _order_keys(x: jax.Array) -> jax.Array:
+  """float32 -> uint32 keys in the floats' order (negative floats bit-flipped)."""
+  u = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+  return jnp.where((u >> 31) == 1, ~u, u | jnp.uint32(0x80000000))
+
+
+def _bisect_cut(keys: jax.Array, weights: jax.Array, limit: jax.Array) -> jax.Array:
+  """Per row (last axis): the smallest key x with sum(weights[keys > x]) < limit: 32 halvings of
+  the key range, each one pass over the row. Keeping keys >= x keeps the largest values whose
+  weight before them stays below the limit, ties at the cut included."""
+  lo = jnp.zeros(keys.shape[:-1], jnp.uint32)
+  hi = jnp.max(keys, axis=-1)
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    above = jnp.sum(jnp.where(keys > mid[..., None], weights, 0.0), axis=-1)
+    below_limit = above < limit[..., 0]
+    return jnp.where(below_limit, lo, mid), jnp.where(below_limit, mid, hi)
+
+  return jax.lax.fori_loop(0, 32, halve, (lo, hi))[1][..., None]
+
+
 def _filter(scaled: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
-  """Masks scaled logits [B, ..., V] outside top-k then top-p (one sort); ties at a cut are kept."""
+  """Masks scaled logits [B, ..., V] outside top-k then top-p; ties at a cut are kept.
+
+  Top-k keeps the values >= the k-th largest; top-p then keeps the largest values while the
+  probability (softmax over the top-k set) of the values above them is < top_p. The cut is found
+  among each row's TOP_CANDIDATES largest logits (`lax.top_k`: a full sort of a [64, 49152] batch
+  costs ~0.7 s per step on XLA:CPU, top-256 ~13 ms); a row whose cut lies deeper is cut by
+  bisection over the whole row instead (only when some row needs it). Which way a row goes
+  depends on its own logits alone, so a row's result never depends on the rest of the batch."""
   v = scaled.shape[-1]
-  sorted_desc = -jnp.sort(-scaled, axis=-1)
-  k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
-  k = _per_row(k, scaled.ndim)
-  kth = jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
-  rank = jnp.arange(v)
-  in_k = jnp.where(rank < k, sorted_desc, -jnp.inf)
-  p_sorted = jax.nn.softmax(in_k, axis=-1)
-  mass_before = jnp.cumsum(p_sorted, axis=-1) - p_sorted
+  c = min(TOP_CANDIDATES, v)
+  k = _per_row(jnp.where(top_k > 0, jnp.minimum(top_k, v), v), scaled.ndim)
   p = _per_row(top_p, scaled.ndim)
-  n_keep = jnp.maximum(jnp.sum((mass_before < p) & (rank < k), axis=-1, keepdims=True), 1)
-  pth = jnp.where(p >= 1.0, -jnp.inf, jnp.take_along_axis(sorted_desc, n_keep - 1, axis=-1))
-  return jnp.where(scaled >= jnp.maximum(kth, pth), scaled, -jnp.inf)
+  top = jax.lax.top_k(scaled, c)[0]                                      # [..., c] descending
+  rank = jnp.arange(c)
+  kth = jnp.where(k >= v, -jnp.inf,
+                  jnp.take_along_axis(top, jnp.minimum(k, c) - 1, axis=-1))
+  in_k = jnp.where(scaled >= kth, scaled, -jnp.inf)
+  lse = jax.scipy.special.logsumexp(in_k, axis=-1, keepdims=True)
+  p_top = jnp.where(top >= kth, jnp.exp(top - lse), 0.0)
+  mass_before = jnp.cumsum(p_top, axis=-1) - p_top
+  n_keep = jnp.maximum(jnp.sum((mass_before < p) & (top >= kth), axis=-1, keepdims=True), 1)
+  pth = jnp.where(p >= 1.0, -jnp.inf, jnp.take_along_axis(top, n_keep - 1, axis=-1))
+  keys = _order_keys(scaled)
+  cut = _order_keys(jnp.maximum(kth, pth))
+  deep = ((k > c) & (k < v)) | ((p < 1.0) & (n_keep >= c) & (c < v))   # [B, ..., 1]
+
+  def bisect(_):
+    k_cut = jnp.where(k >= v, jnp.uint32(0), _bisect_cut(keys, jnp.ones_like(scaled),
+                                                         k.astype(jnp.float32)))
+    probs = jax.nn.softmax(jnp.where(keys >= k_cut, scaled, -jnp.inf), axis=-1)
+    p_cut = jnp.where(p >= 1.0, jnp.uint32(0), _bisect_cut(keys, probs, p))
+    return jnp.where(deep, jnp.maximum(k_cut, p_cut), cut)
+
+  cut = jax.lax.cond(jnp.any(deep), bisect, lambda _: cut, None)
+  return jnp.where(keys >= cut, scaled, -jnp.inf)
 
 
 def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jspec import sampling
 from jspec.sampling import SamplingParams, process_logits, sample
 
 
@@ -64,6 +65,63 @@ def test_process_logits_broadcasts_over_positions():
                               float(params.top_p[b]))
     np.testing.assert_allclose(got[b], np.asarray(process_logits(jnp.asarray(logits[b]), sub)),
                                atol=1e-6)
+
+
+# V larger than the candidates looked at first: peaked rows cut among them, flat rows and
+# top_k > TOP_CANDIDATES cut by bisection over the whole row
+WIDE_ROWS = [(1.0, 0, 0.9, 6.0), (1.0, 0, 0.95, 0.05), (0.8, 300, 1.0, 1.0), (1.0, 5, 1.0, 3.0),
+             (1.2, 400, 0.99, 0.3), (1.0, 0, 0.3, 4.0), (0.0, 0, 0.5, 1.0), (1.0, 0, 1.0, 1.0)]
+
+
+def _wide_logits(seed: int, v: int = 1000) -> np.ndarray:
+  rng = np.random.default_rng(seed)
+  return np.stack([rng.normal(0, scale, v) for *_, scale in WIDE_ROWS]).astype(np.float32)
+
+
+def test_process_logits_matches_reference_past_the_candidates():
+  logits = _wide_logits(3)
+  params = SamplingParams.make(len(WIDE_ROWS), *[[r[i] for r in WIDE_ROWS] for i in range(3)])
+  got = np.exp(np.asarray(process_logits(jnp.asarray(logits), params), np.float64))
+  for row, (t, k, p, _) in enumerate(WIDE_ROWS):
+    want = reference_probs(logits[row].astype(np.float64), t, k, p)
+    np.testing.assert_array_equal(got[row] > 0, want > 0, err_msg=f"row {row} keeps another set")
+    np.testing.assert_allclose(got[row], want, atol=2e-6, err_msg=f"row {row}")
+
+
+def test_bisection_and_candidate_cuts_agree(monkeypatch):
+  """Every row cut by bisection (2 candidates) keeps exactly what the candidate cut keeps."""
+  logits = jnp.asarray(_wide_logits(4))
+  params = SamplingParams.make(len(WIDE_ROWS), [1.0] * 8, [r[1] for r in WIDE_ROWS],
+                               [r[2] for r in WIDE_ROWS])
+  first = np.asarray(process_logits(logits, params))
+  monkeypatch.setattr(sampling, "TOP_CANDIDATES", 2)
+  second = np.asarray(process_logits(logits, params))
+  np.testing.assert_array_equal(np.isfinite(first), np.isfinite(second))
+  np.testing.assert_allclose(first, second, atol=1e-6)
+
+
+def test_a_row_is_cut_the_same_whatever_its_batch():
+  """A peaked row (cut among the candidates) is bit-identical alone and beside a flat row (which
+  sends the batch through the bisection)."""
+  logits = _wide_logits(5)
+  alone = process_logits(jnp.asarray(logits[:1]), SamplingParams.make(1, 1.0, 0, 0.9))
+  pair = process_logits(jnp.asarray(logits[:2]), SamplingParams.make(2, 1.0, 0, [0.9, 0.95]))
+  np.testing.assert_array_equal(np.asarray(alone)[0], np.asarray(pair)[0])
+
+
+@pytest.mark.parametrize("candidates", [256, 2])
+def test_ties_at_a_cut_are_kept(monkeypatch, candidates):
+  monkeypatch.setattr(sampling, "TOP_CANDIDATES", candidates)
+  logits = np.full((2, 600), -5.0, np.float32)
+  logits[:, 0], logits[:, 1:4] = 3.0, 2.0                # one top value, three tied below it
+  params = SamplingParams.make(2, 1.0, [2, 0], [1.0, 0.5])
+  kept = np.isfinite(np.asarray(process_logits(jnp.asarray(logits), params)))
+  want = np.zeros(600, bool)
+  want[:4] = True
+  np.testing.assert_array_equal(kept[0], want)           # top-2 keeps 3.0 and every tied 2.0
+  # top-p 0.5: mass above a 2.0 is p(3.0) < 0.5, so the tied 2.0s are all kept
+  assert np.exp(3.0) / (np.exp(3.0) + 3 * np.exp(2.0) + 596 * np.exp(-5.0)) < 0.5
+  np.testing.assert_array_equal(kept[1], want)
 
 
 def test_sample_frequencies_match_processed_distribution():
