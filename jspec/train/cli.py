@@ -46,6 +46,23 @@ def cmd_data(args) -> None:
   print(json.dumps({k: v for k, v in manifest.items() if k != "shards"}, indent=2))
 
 
+def cmd_snapshot(args) -> None:
+  from jspec.train.data import snapshot
+
+  sources = []
+  for spec in args.sources:
+    folder, _, n = spec.rpartition(":")
+    if not folder or not n.isdigit():
+      folder, n = spec, None
+    sources.append((folder, None if n is None else int(n)))
+  try:
+    manifest = snapshot(args.out, sources)
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  print(json.dumps(dict(out=os.path.abspath(args.out), shards=len(manifest["shards"]),
+                        totals=manifest["totals"]), indent=2))
+
+
 def _positive(args, *flags: str) -> None:
   for flag in flags:
     if getattr(args, flag) < 1:
@@ -282,6 +299,13 @@ def add_parser(sub, default_model: str) -> None:
   d.add_argument("--seed", type=int, default=0)
   d.add_argument("--no-progress", action="store_true")
   d.set_defaults(func=cmd_data)
+  sn = tsub.add_parser("snapshot", help="a fixed training set: the first finished shards of "
+                                          "regenerated folders, linked")
+  sn.add_argument("out", help="a new folder")
+  sn.add_argument("sources", nargs="+", metavar="SRC[:N]",
+                  help="a `jspec train data` folder and how many of its finished shards to take "
+                       "(default all); several are joined in order")
+  sn.set_defaults(func=cmd_snapshot)
   from jspec.train.prompts.cli import add_parser as add_prompts_parser
   add_prompts_parser(tsub, default_model)
 

@@ -546,6 +546,50 @@ class _ShardWork:
     return arrays, features, stats
 
 
+def snapshot(out_dir: str, sources: Sequence[tuple[str, int | None]]) -> dict:
+  """A training-data folder made of the first finished shards of one or more regenerated folders
+  (`sources`: (folder, number of shards or None for all finished)), linked, not copied: a fixed
+  dataset to train on while a regeneration goes on, a prefix for a data-scaling run, or greedy and
+  sampled replies together. Returns its manifest (complete, with a `snapshot` record of the
+  sources); the loaders read it like any other data folder."""
+  if not sources:
+    raise ValueError("give at least one source folder")
+  if os.path.exists(out_dir) and os.listdir(out_dir):
+    raise ValueError(f"{out_dir} exists and is not empty; give a new folder for the snapshot")
+  picked, taps = [], None
+  for src, n in sources:
+    manifest = read_manifest(src)
+    have = len(manifest["shards"])
+    n = have if n is None else n
+    if not 1 <= n <= have:
+      raise ValueError(f"{src} has {have} finished shards; take between 1 and {have}, not {n}")
+    src_taps = list(manifest["config"].get("taps") or [])
+    if taps is not None and src_taps != taps:
+      raise ValueError(f"{src} captured features at taps {src_taps}, an earlier source at {taps}; "
+                       "snapshot sources must agree")
+    taps = src_taps
+    picked.append((src, manifest, n))
+  os.makedirs(out_dir, exist_ok=True)
+  shards, record = [], []
+  for src, manifest, n in picked:
+    for s in manifest["shards"][:n]:
+      k = len(shards)
+      s = dict(s)
+      for key, name in (("file", f"shard_{k:05d}.npz"), ("features", f"shard_{k:05d}.features.npy")):
+        if key in s:
+          target = os.path.relpath(os.path.join(os.path.abspath(src), s[key]),
+                                   os.path.abspath(out_dir))
+          os.symlink(target, os.path.join(out_dir, name))
+          s[key] = name
+      shards.append(s)
+    record.append(dict(source=os.path.abspath(src), shards=n, config=manifest["config"]))
+  manifest = dict(format=FORMAT, config=dict(picked[0][1]["config"], taps=taps), complete=True,
+                  snapshot=record, shards=shards)
+  _summarise(manifest)
+  _write_json(os.path.join(out_dir, MANIFEST), manifest)
+  return manifest
+
+
 # 3. Loading: a grain data source and a checkpointable iterator -----------------------------------
 
 

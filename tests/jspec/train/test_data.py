@@ -434,3 +434,58 @@ def test_build_dataset_end_to_end(tiny, tok, tmp_path):
   m2 = data.build_dataset(lm, mixed, **{**kw, "shuffle": True})
   ids2 = [r[0] for r in _shard_sequences(mixed)]
   assert sorted(ids2) == sorted(ids) and ids2 != ids and m2["prompt_order"] == "shuffled (seed 0)"
+
+
+# Snapshots --------------------------------------------------------------------------------------
+
+
+def test_snapshot_links_the_first_shards(regen_dir, tmp_path):
+  """A snapshot of the first shard, then of all shards twice over: the loader sees exactly those
+  sequences, in order, and the totals add up; nothing is copied."""
+  rows = _shard_sequences(regen_dir)
+  first = data.read_manifest(regen_dir)["shards"][0]["sequences"]
+  one = str(tmp_path / "one")
+  manifest = data.snapshot(one, [(regen_dir, 1)])
+  assert manifest["complete"] and len(manifest["shards"]) == 1
+  assert all(os.path.islink(os.path.join(one, f)) for f in os.listdir(one) if f.endswith(".npz"))
+  ds = data.TokenShards(one, seq_len=CFG.max_position)
+  assert len(ds) == first
+  for i in range(first):
+    assert ds.sequence(i)[0].tolist() == rows[i][1].tolist()
+  two = str(tmp_path / "two")
+  data.snapshot(two, [(regen_dir, None), (one, None)])
+  ds2 = data.TokenShards(two, seq_len=CFG.max_position)
+  assert len(ds2) == len(rows) + first
+  assert [ds2.sequence(i)[0].tolist() for i in range(len(rows), len(ds2))] == \
+      [r[1].tolist() for r in rows[:first]]
+  assert data.read_manifest(two)["totals"]["response_tokens"] == \
+      data.token_counts(regen_dir, CFG.vocab_size).sum() + data.token_counts(one, CFG.vocab_size).sum()
+
+
+def test_snapshot_errors(regen_dir, tmp_path):
+  have = len(data.read_manifest(regen_dir)["shards"])
+  with pytest.raises(ValueError, match=f"has {have} finished shards"):
+    data.snapshot(str(tmp_path / "a"), [(regen_dir, have + 1)])
+  (tmp_path / "b").mkdir()
+  (tmp_path / "b" / "x").write_text("")
+  with pytest.raises(ValueError, match="not empty"):
+    data.snapshot(str(tmp_path / "b"), [(regen_dir, 1)])
+  with pytest.raises(FileNotFoundError):
+    data.snapshot(str(tmp_path / "c"), [(str(tmp_path / "nowhere"), None)])
+  other = str(tmp_path / "d")
+  shutil.copytree(regen_dir, other)
+  manifest = data.read_manifest(other)
+  manifest["config"]["taps"] = [0]
+  with open(os.path.join(other, data.MANIFEST), "w") as f:
+    json.dump(manifest, f)
+  with pytest.raises(ValueError, match="must agree"):
+    data.snapshot(str(tmp_path / "e"), [(regen_dir, 1), (other, 1)])
+
+
+def test_snapshot_cli_errors_name_the_problem(regen_dir, tmp_path, capsys):
+  from jspec.cli import main
+  with pytest.raises(SystemExit) as e:
+    main(["train", "snapshot", str(tmp_path / "s"), f"{regen_dir}:99"])
+  assert "finished shards; take between 1 and" in str(e.value)
+  main(["train", "snapshot", str(tmp_path / "s"), f"{regen_dir}:1"])
+  assert json.loads(capsys.readouterr().out)["shards"] == 1
