@@ -65,7 +65,7 @@ DEFAULT_LENGTHS = (0, 1, 2, 3, 5, 7)
 
 # Verify cost T_verif(B, T) / T_verif(B, 1) of the default model, measured on the project's CPUs
 # (benchmarks/REPORT.md, "Cheap multi-token verification on CPU", cpu_gemm) and on an H200 (bf16,
-# benchmarks/gpu/verify_cost_h200.json, launch-bound: about flat). Used only when no measured table
+# benchmarks/results/verify_cost/h200.json, launch-bound: about flat). Used only when no measured table
 # (`jspec plan`) is given; run the planner on your own hardware.
 DEFAULT_VERIFY_COST = {
     "cpu": {1: {1: 1.0, 2: 1.02, 3: 1.08, 4: 1.23, 6: 1.35, 8: 1.40, 16: 1.88},
@@ -73,7 +73,7 @@ DEFAULT_VERIFY_COST = {
     "gpu": {1: {1: 1.0, 8: 1.05, 16: 1.10}},
 }
 # The whole adaptive round verifying D, per plain decode step (D = 0: per step of the 4-step plain
-# round), on the project's CPUs, per prompt padding (benchmarks/plan_cpu.json, `jspec plan
+# round), on the project's CPUs, per prompt padding (benchmarks/results/plan/cpu.json, `jspec plan
 # --context 128,512`; fit by `fit_round_costs` where read): padding -> B -> D -> cost. Other
 # drafters use n-gram's rows; no GPU rounds are measured yet.
 DEFAULT_ROUND_COST = {

@@ -2,7 +2,7 @@
 default model's weight products of one forward (every layer's projections and the tied LM head)
 at M rows, both impls, interleaved; JSON out. `models.cpu_gemm.MAX_ROWS` is set from it.
 
-  python -m jspec.bench.gemm_crossover --json benchmarks/cpu_gemm/crossover_cpu.json
+  python -m jspec.bench.gemm_crossover --json benchmarks/results/gemm_crossover/cpu.json
       [--rows 1,4,8,16,24,32,48,64,128] [--calls 10]
 """
 

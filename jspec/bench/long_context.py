@@ -2,7 +2,7 @@
 forward (1 + D tokens) and prefill, beside llama.cpp (llama-cpp-python on the same GGUF, B = 1) in
 the same run, interleaved; JSON out with the goals of issue 43 judged.
 
-  python -m jspec.bench.long_context --json benchmarks/long_context_cpu.json
+  python -m jspec.bench.long_context --json benchmarks/results/long_context/cpu.json
       [--contexts 64,512,2048,8128] [--batch-sizes 1,4,16] [--draft 3,7]
       [--prefill 1x64,1x512,1x2048,1x8128,16x2048] [--calls 10] [--repeats 3]
       [--no-llama-cpp] [--no-padded]

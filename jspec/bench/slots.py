@@ -3,7 +3,7 @@ static batches (prompts sorted by length, `Decoder.generate` per batch, each bat
 longest row), on the same prompts, greedy; with the plain decode step's tokens/s at B = 1 and at
 the slot count beside them (the ceiling a stream could reach without prefill and idle rows).
 
-  python -m jspec.bench.slots --json benchmarks/slots_cpu.json [--prompts FILE ...] [--num 192]
+  python -m jspec.bench.slots --json benchmarks/results/slots/cpu.json [--prompts FILE ...] [--num 192]
       [--max-new-tokens 256] [--slots 32,64] [--batch-size 16] [--taps] [--tiny]
 
 Reply tokens/s counts generated tokens over the whole wall time (prefill included). "same" counts

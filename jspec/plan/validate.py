@@ -10,7 +10,7 @@ For every fixed-D bench record of the pooled category ("all") whose drafter and 
                         a batch runs until its last row is done, fewer tokens per batch round than
                         the rows' mean AL
   measured              the bench's median speedup
-  python -m jspec.plan.validate --plan benchmarks/plan_cpu.json --bench benchmarks/X.json
+  python -m jspec.plan.validate --plan benchmarks/results/plan/cpu.json --bench benchmarks/results/X/cpu.json
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from pallas_kernels import ffi_build
 
 SOURCE = Path(__file__).with_name("kernel.cc")
 NAME = "jspec_cpu_gemm"
-MAX_ROWS = 16        # above this, XLA's GEMM is the faster kernel (benchmarks/cpu_gemm)
+MAX_ROWS = 16        # above this, XLA's GEMM is the faster kernel (benchmarks/results/gemm_crossover)
 IMPLS = ("auto", "ffi", "xla")
 _TARGETS = {False: "jspec_cpu_gemm_nn", True: "jspec_cpu_gemm_nt"}
 _warned: list = []

@@ -61,6 +61,6 @@ def test_step_latency_smoke(tmp_path):
   assert all(r["wall_us"] > 0 for r in rows) and rows[1]["wall_vs_plain"] > 0
 
 
-@pytest.mark.parametrize("script", ["benchmarks/gpu/run_all.sh"])
+@pytest.mark.parametrize("script", ["benchmarks/scripts/run_all.sh"])
 def test_gpu_script_parses(script):
   assert subprocess.run(["bash", "-n", os.path.join(ROOT, script)]).returncode == 0

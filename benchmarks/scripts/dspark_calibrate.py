@@ -3,7 +3,7 @@ on prompts the head never saw and that are not the benchmark suite: the target a
 greedily, every reply position opens a block, and position k's temperature is fitted to the greedy
 survival (slots 1..k all equal the target's argmax). Saves calibration.json beside the head, which
 `confidence_schedule=true` then reads.
-Usage: python benchmarks/dspark_calibrate.py HEAD_FOLDER PROMPTS.jsonl [NUM_PROMPTS]"""
+Usage: python benchmarks/scripts/dspark_calibrate.py HEAD_FOLDER PROMPTS.jsonl [NUM_PROMPTS]"""
 import json
 import sys
 

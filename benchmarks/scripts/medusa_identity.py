@@ -1,6 +1,6 @@
 """Greedy Medusa (or another method) on the real default model equals plain decoding, in one B=8
 generate call per D; acceptance length (benchmarks/REPORT.md, Medusa).
-Usage: python benchmarks/medusa_identity.py [METHOD] [D,...] [HEAD_FOLDER]"""
+Usage: python benchmarks/scripts/medusa_identity.py [METHOD] [D,...] [HEAD_FOLDER]"""
 import json
 import sys
 import time

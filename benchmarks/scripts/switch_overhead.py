@@ -3,7 +3,7 @@ model: plain decoding, a fixed D, the adaptive program forced to that D every ro
 program forced to plain rounds, and the adaptive program choosing ("auto", round costs timed at
 compile). Speedups over plain decoding of the same batch, medians of interleaved runs; JSON out.
 Run on a quiet machine:
-  .venv/bin/python benchmarks/switch_overhead.py --method eagle3 --plain-steps 4,7 --json out.json
+  .venv/bin/python benchmarks/scripts/switch_overhead.py --method eagle3 --plain-steps 4,7 --json out.json
 """
 import argparse
 import dataclasses
@@ -56,7 +56,7 @@ decs = {"plain": Decoder(lm.model, eos_ids=tok.eos_ids),
         **{"forced_plain" + ("" if s == 4 else f"{s}"): forced(0, s)
            for s in map(int, args.plain_steps.split(","))},
         "auto": SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": "auto"},
-                            eos_ids=tok.eos_ids, cost_table="benchmarks/plan_cpu.json")}
+                            eos_ids=tok.eos_ids, cost_table="benchmarks/results/plan/cpu.json")}
 report = dict(method=args.method, num_draft=d, categories=args.categories,
               max_new_tokens=args.max_new_tokens, repeats=args.repeats,
               plain_steps=args.plain_steps, results={})

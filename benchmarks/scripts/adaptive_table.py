@@ -2,7 +2,7 @@
 where the records have their per-run speedups the issue's two goals judged with 90% intervals (the
 best fixed D picked without the run it is compared on), and per batch size > 1 how many of the
 batch's row-rounds were live (the straggler table):
-.venv/bin/python benchmarks/adaptive_table.py benchmarks/adaptive_bench_cpu.json [more.json ...]"""
+.venv/bin/python benchmarks/scripts/adaptive_table.py benchmarks/results/adaptive_ngram/cpu.json [more.json ...]"""
 import json
 import sys
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of jspec in one call, within 8 minutes on one H200, JSON out:
-#   OUT=/path/to/folder benchmarks/gpu/run_all.sh      (default OUT: benchmarks/gpu/out)
+#   OUT=/path/to/folder benchmarks/scripts/run_all.sh      (default OUT: bench_out/gpu, git-ignored)
 # Each step runs under its own time limit; OUT/steps.jsonl records each step's exit status and
 # seconds, OUT/<step>.log its output. Random weights of the default model's shapes throughout (the
 # 98 MB GGUF does not travel to a lent device); acceptance comes from the CPU runs, through the
 # cost model (benchmarks/REPORT.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-benchmarks/gpu/out}
+OUT=${OUT:-bench_out/gpu}
 mkdir -p "$OUT"
 : > "$OUT/steps.jsonl"
 

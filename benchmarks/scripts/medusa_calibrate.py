@@ -1,7 +1,7 @@
 """Measures the shipped Medusa head's rank accuracies (how often head k's rank-r candidate is the
 next-but-k token) on calibration prompts the head never saw and that are not the benchmark suite,
 and saves them beside the head for `tree_choices="auto"` (benchmarks/REPORT.md, Medusa trees).
-Usage: python benchmarks/medusa_calibrate.py PROMPTS.jsonl [NUM_PROMPTS] [RANKS]"""
+Usage: python benchmarks/scripts/medusa_calibrate.py PROMPTS.jsonl [NUM_PROMPTS] [RANKS]"""
 import json
 import sys
 
