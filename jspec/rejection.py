@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jspec.sampling import SamplingParams, process_logits
+from jspec.sampling import SamplingParams, categorical, process_logits
 
 
 def acceptance_probability(p_d: jax.Array, q_d: jax.Array | None) -> jax.Array:
@@ -60,14 +60,12 @@ def verify_chain(keys: jax.Array, p: jax.Array, draft: jax.Array, q: jax.Array |
   model-free drafter may find fewer than D).
   """
   b, d = draft.shape
-  v = p.shape[-1]
   accept, final = chain_outcomes(p, draft, q, draft_len)
   u_key, r_key = jax.vmap(jax.random.split, out_axes=1)(keys)
   u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (d,)))(u_key)   # (0, 1]: P(u <= a) = a
   n_acc = jnp.sum(jnp.cumprod((u <= accept).astype(jnp.int32), axis=1), axis=1)         # [B]
   rows = jnp.arange(b)
-  gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (v,)))(r_key)
-  last = jnp.argmax(jnp.log(final[rows, n_acc]) + gumbel, axis=-1).astype(jnp.int32)
+  last = categorical(r_key, final[rows, n_acc])
   tokens = jnp.concatenate([draft, jnp.zeros((b, 1), draft.dtype)], axis=1)
   return n_acc, tokens.at[rows, n_acc].set(last)
 

@@ -127,15 +127,43 @@ def process_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
   return jnp.where(t > 0, logp, jnp.where(onehot, 0.0, -jnp.inf))
 
 
+CATEGORICAL_BLOCK = 256   # tokens per block of the two-level inverse-CDF draw
+
+
+def categorical(keys: jax.Array, probs: jax.Array) -> jax.Array:
+  """One index per row from probs [B, V] (>= 0, any positive total; zeros are never drawn) with
+  per-row keys [B]: an inverse-CDF draw from one uniform per row, first over block sums, then
+  within the chosen block. Exact up to fp32 rounding of the sums, and ~40x cheaper than
+  Gumbel-max on XLA:CPU (no V random numbers per row: 2.5 against 98 ms at [64, 49152])."""
+  b, v = probs.shape
+  c = CATEGORICAL_BLOCK
+  nb = -(-v // c)
+  p = jnp.pad(probs.astype(jnp.float32), ((0, 0), (0, nb * c - v))).reshape(b, nb, c)
+  u = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys)     # [0, 1)
+  block_mass = p.sum(axis=-1)                                                # [B, nb]
+  ends = jnp.cumsum(block_mass, axis=-1)
+  target = u * ends[:, -1]                                                   # [B]
+  # the first block whose cumulative mass passes the target (<= : a zero-mass block never is);
+  # rounding may push the target past the end: then the last block with mass
+  last_block = nb - 1 - jnp.argmax((block_mass > 0)[:, ::-1], axis=-1)
+  blk = jnp.minimum(jnp.sum(ends <= target[:, None], axis=-1), last_block)
+  before = jnp.where(blk > 0, jnp.take_along_axis(ends, jnp.maximum(blk - 1, 0)[:, None],
+                                                  axis=1)[:, 0], 0.0)
+  inside = jnp.take_along_axis(p, blk[:, None, None], axis=1)[:, 0]          # [B, c]
+  last_tok = c - 1 - jnp.argmax((inside > 0)[:, ::-1], axis=-1)
+  cum = jnp.cumsum(inside, axis=-1) + before[:, None]
+  tok = jnp.minimum(jnp.sum(cum <= target[:, None], axis=-1), last_tok)
+  return (blk * c + tok).astype(jnp.int32)
+
+
 def sample(keys: jax.Array, logits: jax.Array, params: SamplingParams) -> jax.Array:
   """One token per row from [B, V] logits with per-row keys [B] (a row's draw does not depend on
   the rest of the batch). Greedy rows take the argmax."""
   greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
   def draw(_):
-    logp = process_logits(logits, params)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:], jnp.float32))(keys)
-    return jnp.where(params.greedy, greedy, jnp.argmax(logp + gumbel, axis=-1).astype(jnp.int32))
+    probs = jnp.exp(process_logits(logits, params))
+    return jnp.where(params.greedy, greedy, categorical(keys, probs))
 
   # An all-greedy batch skips the processing and the noise (~13 ms per step at B=4 on XLA:CPU).
   return jax.lax.cond(jnp.all(params.greedy), lambda _: greedy, draw, None)

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.rejection import acceptance_probability, residual_distribution
-from jspec.sampling import SamplingParams, process_logits
+from jspec.sampling import SamplingParams, categorical, process_logits
 
 NONE = jnp.iinfo(jnp.int32).max     # "no accepted child"
 
@@ -150,14 +150,12 @@ def verify_tree(keys: jax.Array, p: jax.Array, tokens: jax.Array, parent: jax.Ar
   n_acc + 1 emitted tokens are the round's output; path[:, :n_acc + 1] the accepted block
   indices (root first). keys: [B] per-row PRNG keys."""
   b, n = tokens.shape
-  v = p.shape[-1]
   accept, final = tree_outcomes(p, tokens, parent, q, num_nodes)
   u_key, r_key = jax.vmap(jax.random.split, out_axes=1)(keys)
   u = 1.0 - jax.vmap(lambda k: jax.random.uniform(k, (n,)))(u_key)     # (0, 1]: P(u <= a) = a
   n_acc, path = walk(parent, u <= accept)
   stop = path[jnp.arange(b), n_acc]
-  gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (v,)))(r_key)
-  last = jnp.argmax(jnp.log(final[jnp.arange(b), stop]) + gumbel, axis=-1).astype(jnp.int32)
+  last = categorical(r_key, final[jnp.arange(b), stop])
   return n_acc, path, _emitted(tokens, path, n_acc, last)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from jspec.sampling import SamplingParams, process_logits
+from jspec.sampling import SamplingParams, categorical, process_logits
 
 
 @jax.tree_util.register_dataclass
@@ -128,8 +128,8 @@ def draft_token(logits: jax.Array, sampling: SamplingParams, key: jax.Array, ste
   def draw(_):
     logp = process_logits(logits, sampling)
     ks = jax.vmap(jax.random.fold_in, (0, None))(key, step)
-    g = jax.vmap(lambda k: jax.random.gumbel(k, logits.shape[-1:]))(ks)
-    return jnp.argmax(logp + g, axis=-1).astype(jnp.int32), jnp.exp(logp)
+    q = jnp.exp(logp)
+    return categorical(ks, q), q
 
   # All rows greedy: q is one-hot at the argmax; skip the processing and the noise.
   onehot = lambda _: (best, jax.nn.one_hot(best, logits.shape[-1], dtype=jnp.float32))

@@ -1,6 +1,8 @@
 """The logits-processing path against an independent numpy reference, and sampling frequencies
 against the processed distribution (chi-square)."""
 
+import unittest.mock as mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,3 +157,39 @@ def test_sample_frequencies_match_processed_distribution():
 def test_bad_sampling_parameters(kwargs, message):
   with pytest.raises(ValueError, match=message):
     SamplingParams.make(2, **kwargs)
+
+
+@pytest.mark.parametrize("v", [7, 256, 700])
+def test_categorical_frequencies_and_zeros(v):
+  """Two-level inverse-CDF draws: chi-square against the probabilities (one block, several, a
+  ragged last block), zero-probability tokens (whole blocks too) never drawn."""
+  rng = np.random.default_rng(v)
+  probs = rng.gamma(0.3, size=(3, v)).astype(np.float32)
+  probs[0, ::3] = 0.0                                  # scattered zeros
+  probs[1, : v // 2] = 0.0                             # a zero prefix (whole blocks when v > 512)
+  probs[2] *= 7.5                                      # unnormalised
+  n = 60_000
+  draw = jax.jit(jax.vmap(lambda k: sampling.categorical(jax.random.split(k, 3),
+                                                         jnp.asarray(probs))))
+  tokens = np.asarray(draw(jax.random.split(jax.random.key(v), n)))     # [n, 3]
+  for row in range(3):
+    counts = np.bincount(tokens[:, row], minlength=v)
+    assert counts.shape == (v,) and counts[probs[row] == 0].sum() == 0
+    support = probs[row] > 0
+    p64 = probs[row][support].astype(np.float64)
+    expected = n * p64 / p64.sum()
+    big = expected >= 5                                  # chi-square over the well-populated cells
+    obs, exp = counts[support][big], expected[big]
+    if (~big).any():                                     # the rest pooled into one cell
+      obs, exp = np.append(obs, counts[support][~big].sum()), np.append(exp, expected[~big].sum())
+    _, pvalue = stats.chisquare(obs, exp * obs.sum() / exp.sum())
+    assert pvalue > 1e-4, f"row {row}: p={pvalue}"
+
+
+def test_categorical_edge_uniforms():
+  """u = 0 takes the first token with mass; a target at the very end takes the last one."""
+  probs = jnp.asarray([[0.0, 0.0, 0.5, 0.0, 0.5, 0.0, 0.0]], jnp.float32)
+  for u, want in ((0.0, 2), (np.nextafter(np.float32(1), np.float32(0)), 4)):
+    with mock.patch.object(jax.random, "uniform", lambda k, shape, dtype: jnp.asarray(u, dtype)):
+      got = sampling.categorical(jax.random.split(jax.random.key(0), 1), probs)
+    assert int(got[0]) == want

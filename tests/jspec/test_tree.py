@@ -97,7 +97,7 @@ def spec_tree_joint(params, shape, outcomes):
                              jnp.asarray(np.broadcast_to(parents, (len(trees), n)), jnp.int32),
                              jnp.asarray(q, jnp.float32))
     accept, final = np.asarray(accept, np.float64), np.asarray(final, np.float64)
-    final = final / final.sum(-1, keepdims=True)   # the sampler normalises (Gumbel argmax)
+    final = final / final.sum(-1, keepdims=True)   # the sampler normalises (inverse CDF)
     out = {}
     for (toks, w), blk, a, f in zip(trees, paths, accept, final):
       reach = np.zeros(n + 1)
