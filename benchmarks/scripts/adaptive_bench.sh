@@ -20,7 +20,7 @@ STEPS=${STEPS:-plan,suite,adversarial}
 RES=benchmarks/results
 PLAN=$RES/plan/cpu.json
 ADV=$RES/adaptive_adversarial/cpu.json
-VAL=$RES/plan_validation/cpu.md
+VAL=bench_out/plan_validation_cpu.md   # its tables go into REPORT.md
 [[ "${SKIP_PLAN:-0}" == 1 ]] && STEPS=${STEPS//plan/}
 step() { [[ ",$STEPS," == *",$1,"* ]]; }
 
@@ -32,7 +32,7 @@ if step plan; then
 fi
 
 if step suite; then
-  mkdir -p $RES/adaptive_suite $RES/plan_validation
+  mkdir -p $RES/adaptive_suite bench_out
   $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \
     --per-category 2 --max-new-tokens 64 --drafters ngram,eagle3 --num-draft 1,3,5,auto \
     --batch-size 1,4 --temperature 0 --plan $PLAN \
@@ -48,7 +48,7 @@ if step adversarial; then
 fi
 
 if step repeats3; then
-  mkdir -p $RES/adaptive_ngram $RES/adaptive_eagle3 $RES/plan_validation
+  mkdir -p $RES/adaptive_ngram $RES/adaptive_eagle3 bench_out
   $PY -m jspec.cli bench --prompts benchmarks/prompts/suite.jsonl --categories $CATS \
     --per-category 2 --max-new-tokens 64 --drafters ngram --num-draft 1,3,5,auto \
     --batch-size 1,4 --repeats 3 --temperature 0 --plan $PLAN \
