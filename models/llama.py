@@ -265,6 +265,12 @@ class Llama(nnx.Module):
                                                   (jnp.int32(0), cache, logits, hidden))
     return ForwardOutput(logits=logits, cache=cache, hidden=tuple(h[:, :p] for h in hidden))
 
+  def head_rows(self, ids: jax.Array | None = None) -> jax.Array:
+    """The LM head's rows [V, H] (the embedding when tied), or those of token ids [K]: [K, H]."""
+    table = (self.embed.embedding[...] if self.config.tie_embeddings
+             else self.lm_head.kernel[...].T)
+    return table if ids is None else table[ids]
+
   def logits(self, x: jax.Array) -> jax.Array:
     if self.config.tie_embeddings:
       table = self.embed.embedding[...]

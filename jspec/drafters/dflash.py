@@ -24,7 +24,6 @@ from flax import nnx
 from jspec.drafters import registry
 from jspec.drafters.base import Context, Draft
 from jspec.drafters.eagle3 import DraftVocab
-from jspec.drafters.mtp import head_rows
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Block, Llama, RMSNorm, rope
@@ -294,7 +293,7 @@ def _params(module: DFlashModule, state, target: Llama) -> dict:
   cfg = module.config
   full = cfg.draft_vocab_size == cfg.vocab_size
   return {"drafter": state, "embed": target.embed.embedding[...],
-          "head": head_rows(target, None if full else module.draft_to_target[...])}
+          "head": target.head_rows(None if full else module.draft_to_target[...])}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,8 @@ step at a time from its own output features, with its own KV cache kept in step 
 One `Eagle3Head.layer` forward serves drafting (attention over the head's cache) and training
 (`jspec/train/eagle3.py`: training-time-test attention). Draft vocabulary: the head predicts Vd
 tokens, mapped to target ids by `draft_to_target` (sorted ascending); others are never proposed.
+Its LM head is its own (trained, saved) or, with `lm_head="target"`, the target's LM-head rows of
+the draft vocabulary (frozen, never saved: a large draft vocabulary costs no checkpoint bytes).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from flax import nnx
 
 from jspec.drafters import eagle_tree, registry
 from jspec.drafters.base import Context, Draft, draft_chain, draft_token
+from models import cpu_gemm
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import MLP, Llama, RMSNorm, rope
@@ -36,8 +39,11 @@ class Eagle3Config:
   rms_eps: float = 1e-5
   rope_theta: float = 10000.0
   max_position: int = 4096
+  lm_head: str = "own"          # "own": trained and saved; "target": the target's rows, frozen
 
   def __post_init__(self):
+    if self.lm_head not in LM_HEADS:
+      raise ValueError(f"EAGLE-3 lm_head must be one of {LM_HEADS}, got {self.lm_head!r}")
     if not 1 <= self.draft_vocab_size <= self.vocab_size:
       raise ValueError(f"draft_vocab_size must be in [1, {self.vocab_size}] (the target's "
                        f"vocabulary), got {self.draft_vocab_size}")
@@ -46,7 +52,7 @@ class Eagle3Config:
 
   @classmethod
   def for_target(cls, target: LlamaConfig, *, draft_vocab_size: int | None = None,
-                 taps: tuple[int, ...] | None = None) -> "Eagle3Config":
+                 taps: tuple[int, ...] | None = None, lm_head: str = "own") -> "Eagle3Config":
     """The published defaults: taps entering layers (2, L//2, L-3), the target's layer shapes."""
     n = target.num_layers
     taps = tuple(taps) if taps is not None else (min(2, n - 1), n // 2, max(n - 3, 0))
@@ -58,7 +64,7 @@ class Eagle3Config:
                intermediate_size=target.intermediate_size, vocab_size=target.vocab_size,
                draft_vocab_size=draft_vocab_size or target.vocab_size, taps=taps,
                rms_eps=target.rms_eps, rope_theta=target.rope_theta,
-               max_position=target.max_position)
+               max_position=target.max_position, lm_head=lm_head)
 
   def layer_config(self) -> LlamaConfig:
     """The draft layer's shapes as a one-layer LlamaConfig (for its MLP and KV cache)."""
@@ -82,8 +88,26 @@ class Eagle3Config:
                          "layers: the head was trained for another model")
 
 
+LM_HEADS = ("own", "target")
+
+
 class DraftVocab(nnx.Variable):
   """Target ids of the draft vocabulary [Vd] (not trained)."""
+
+
+class TargetRows(nnx.Variable):
+  """The target's LM-head rows of the draft vocabulary [Vd, H] (not trained, not saved)."""
+
+
+class TargetLMHead(nnx.Module):
+  """Draft logits from the target's own LM-head rows, filled by `attach_target_rows`."""
+
+  def __init__(self, draft_vocab_size: int, hidden_size: int, dtype):
+    self.rows = TargetRows(jnp.zeros((draft_vocab_size, hidden_size), dtype))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    rows = self.rows[...]
+    return cpu_gemm.matmul(x.astype(rows.dtype), rows, transpose_w=True)
 
 
 AttendFn = Callable[[jax.Array, jax.Array, jax.Array], tuple[jax.Array, Any]]
@@ -97,7 +121,9 @@ class Eagle3Head(nnx.Module):
   def __init__(self, cfg: Eagle3Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     h, nq, nkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs)
+    dot = cpu_gemm.DotGeneral()    # small-M products read each weight once on CPU
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype,
+                                  dot_general=dot, rngs=rngs)
     self.config = cfg
     self.fc = lin(len(cfg.taps) * h, h)
     self.input_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)     # on the token embedding
@@ -109,7 +135,8 @@ class Eagle3Head(nnx.Module):
     self.post_attention_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)
     self.mlp = MLP(cfg.layer_config(), dtype=dtype, rngs=rngs)
     self.norm = RMSNorm(h, cfg.rms_eps, dtype=dtype)
-    self.lm_head = lin(h, cfg.draft_vocab_size)
+    self.lm_head = (lin(h, cfg.draft_vocab_size) if cfg.lm_head == "own"
+                    else TargetLMHead(cfg.draft_vocab_size, h, dtype))
     self.draft_to_target = DraftVocab(jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32))
 
   def fuse(self, taps: tuple[jax.Array, ...]) -> jax.Array:
@@ -144,6 +171,14 @@ class Eagle3Head(nnx.Module):
     """[B, Vd] -> [B, V] with -inf outside the draft vocabulary."""
     full = jnp.full(draft_logits.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., self.draft_to_target[...]].set(draft_logits)
+
+
+def attach_target_rows(head: Eagle3Head, target: Llama) -> None:
+  """Fills a `lm_head="target"` head's rows from the target (after its draft vocabulary is set);
+  a no-op for a head with its own LM head."""
+  if head.config.lm_head == "target":
+    rows = head.lm_head.rows
+    rows[...] = target.head_rows(head.draft_to_target[...]).astype(rows[...].dtype)
 
 
 def cache_attend(cache: KVCache, impl: str = "auto") -> AttendFn:
@@ -187,6 +222,7 @@ class Eagle3Drafter:
     head.config.check_target(target.config)
     if tree_top_k or tree_depth:
       eagle_tree.check(tree_top_k, tree_depth, num_draft, head.config.draft_vocab_size)
+    attach_target_rows(head, target)
     graphdef, state = nnx.split(head)
     params = {"head": state, "embed": target.embed.embedding[...]}
     return cls(graphdef, num_draft, tuple(head.config.taps), sample,

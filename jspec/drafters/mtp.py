@@ -152,13 +152,6 @@ class MTPModule(nnx.Module):
     return full.at[..., self.draft_to_target[...]].set(draft_logits)
 
 
-def head_rows(target: Llama, ids: jax.Array | None = None) -> jax.Array:
-  """The target's LM-head rows [V or Vd, H] (the embedding when tied), of `ids` if given."""
-  table = (target.embed.embedding[...] if target.config.tie_embeddings
-           else target.lm_head.kernel[...].T)
-  return table if ids is None else table[ids]
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MTPState:
@@ -197,7 +190,7 @@ class MTPDrafter:
     full = cfg.draft_vocab_size == cfg.vocab_size
     graphdef, state = nnx.split(module)
     params = {"mtp": state, "embed": target.embed.embedding[...],
-              "norm": target.norm.scale[...], "head": head_rows(target, None if full else ids)}
+              "norm": target.norm.scale[...], "head": target.head_rows(None if full else ids)}
     return cls(graphdef, num_draft, (target.config.num_layers,), sample,
                target.attention_impl, tree_top_k, tree_depth), params
 

@@ -3,8 +3,10 @@ heads trained here load in vLLM and heads trained elsewhere draft here; plus the
 
 Weights use torch's [out, in] layout and HF names (`fc.weight`, `layers.0.self_attn.q_proj.weight`,
 ..., `lm_head.weight`, `d2t` int64 offsets with target = draft + d2t[draft], `t2d` bool [V]); the
-target's embedding, final norm and head are never saved. `checksums.json` (sha256 per file) is
-verified on load when present.
+target's embedding, final norm and head are never saved. A head drafting with the target's LM-head
+rows (config `"jspec_lm_head": "target"`, a jspec extension other readers do not know) has no
+`lm_head.weight`; the rows are taken from the target when the drafter is built. `checksums.json`
+(sha256 per file) is verified on load when present.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from jspec.drafters.eagle3 import LM_HEADS, Eagle3Config, Eagle3Head
 from models.config import LlamaConfig
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 CHECKSUMS = "checksums.json"
+LM_HEAD_KEY = "jspec_lm_head"   # "target": the head drafts with the target's LM-head rows (unsaved)
 HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
 _SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
           "num_kv_heads", "head_dim")
@@ -121,7 +124,8 @@ def shipped_head(target: LlamaConfig) -> str:
 
 
 def _config_dict(cfg: Eagle3Config, num_draft: int, verifier: str) -> dict:
-  return {
+  shared = {LM_HEAD_KEY: cfg.lm_head} if cfg.lm_head != "own" else {}
+  return shared | {
       "speculators_model_type": "eagle3",
       "architectures": ["Eagle3Speculator"],
       "speculators_version": "jspec-0.1",
@@ -146,6 +150,12 @@ def _config_dict(cfg: Eagle3Config, num_draft: int, verifier: str) -> dict:
           "default_proposal_method": "greedy",
           "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]}},
   }
+
+
+def _tensor_names(cfg: Eagle3Config) -> list[tuple[str, tuple[str, ...]]]:
+  """(HF name, head path) of every saved tensor: lm_head.weight only for a head's own LM head."""
+  return [(name, path) for name, path in list(_LINEAR.items()) + list(_NORM.items())
+          if name != "lm_head.weight" or cfg.lm_head == "own"]
 
 
 def _get(tree, path):
@@ -188,7 +198,7 @@ def save_eagle3(head: Eagle3Head, folder: str, *, dtype=jnp.bfloat16, num_draft:
   cfg = head.config
   np_dtype = np.dtype(jnp.dtype(dtype).name) if jnp.dtype(dtype) != jnp.bfloat16 else None
   tensors = {}
-  for name, path in list(_LINEAR.items()) + list(_NORM.items()):
+  for name, path in _tensor_names(cfg):
     x = jnp.asarray(_get(head, path)[...]).astype(dtype)
     x = x.T if name in _LINEAR else x
     tensors[name] = _to_numpy(x, np_dtype)
@@ -201,6 +211,13 @@ def _to_numpy(x, np_dtype):
     return np.asarray(x, np_dtype)
   # safetensors.numpy stores bfloat16 from ml_dtypes' numpy type
   return np.asarray(x)
+
+
+def _lm_head(raw: dict, path: str) -> str:
+  kind = raw.get(LM_HEAD_KEY, "own")
+  if kind not in LM_HEADS:
+    raise HeadLoadError(f"{path}: {LM_HEAD_KEY} is {kind!r}; jspec reads {LM_HEADS}")
+  return kind
 
 
 def read_config(folder: str) -> Eagle3Config:
@@ -232,7 +249,8 @@ def read_config(folder: str) -> Eagle3Config:
         taps=tuple(raw["eagle_aux_hidden_state_layer_ids"]),
         rms_eps=float(layer.get("rms_norm_eps", 1e-6)),
         rope_theta=float(layer.get("rope_theta", 10000.0)),
-        max_position=int(layer.get("max_position_embeddings", 4096)))
+        max_position=int(layer.get("max_position_embeddings", 4096)),
+        lm_head=_lm_head(raw, path))
   except HeadLoadError:
     raise
   except (KeyError, TypeError, ValueError) as e:
@@ -240,7 +258,8 @@ def read_config(folder: str) -> Eagle3Config:
 
 
 def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = None) -> Eagle3Head:
-  """Reads a speculators-format EAGLE-3 head; every check happens before any compilation."""
+  """Reads a speculators-format EAGLE-3 head; every check happens before any compilation. A head
+  with `lm_head="target"` drafts only once its rows are attached (Eagle3Drafter.from_head)."""
   from safetensors.numpy import load_file
 
   cfg = read_config(folder)
@@ -257,7 +276,7 @@ def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None =
   graphdef, abstract = nnx.split(head)
   flat = dict(nnx.to_flat_state(abstract))
   values = {}
-  for name, path in list(_LINEAR.items()) + list(_NORM.items()):
+  for name, path in _tensor_names(cfg):
     if name not in tensors:
       raise HeadLoadError(f"{wpath} lacks tensor {name!r}")
     x = np.asarray(tensors[name])
@@ -269,6 +288,8 @@ def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None =
     values[path] = jnp.asarray(x, dtype)
   ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
   values[("draft_to_target",)] = jnp.asarray(ids, jnp.int32)
+  if cfg.lm_head == "target":   # filled from the target by Eagle3Drafter.from_head
+    values[("lm_head", "rows")] = jnp.zeros((cfg.draft_vocab_size, cfg.hidden_size), dtype)
   filled = [(path, var.replace(values[path]) if hasattr(var, "replace") else values[path])
             for path, var in flat.items()]
   return nnx.merge(graphdef, nnx.from_flat_state(filled))

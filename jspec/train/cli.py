@@ -152,10 +152,49 @@ def cmd_eagle3(args) -> None:
   _train(args, speculators_format.WEIGHTS, lambda: _positive(args, "ttt_steps"),
          lambda target, ids: eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
                                                 ttt_steps=args.ttt_steps, decay=args.decay,
-                                                seed=args.seed),
+                                                seed=args.seed, lm_head=args.lm_head),
          prepare,
          lambda head, folder, dtype, verifier: speculators_format.save_eagle3(
              head, folder, dtype=dtype, num_draft=args.ttt_steps, verifier=verifier))
+
+
+def cmd_replay(args) -> None:
+  import jax
+
+  import models
+  from jspec.bench import suite
+  from jspec.drafters import speculators_format
+  from jspec.drafters.eagle3 import attach_target_rows
+  from jspec.train import eagle3
+  from jspec.train.replay import replay_prompts
+
+  try:
+    _positive(args, "num_draft", "batch_size")
+    if args.max_new_tokens < 2:
+      raise ValueError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
+    prompts = suite.select(suite.load(args.prompts), per_category=args.per_category)
+    loaded = models.load(args.model, quiet=True)
+    head = speculators_format.load_eagle3(args.head)
+    head.config.check_target(loaded.model.config)
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  target = loaded.model
+  attach_target_rows(head, target)
+  predict = jax.jit(lambda t: eagle3.draft_predictions(head, target, t, args.num_draft))
+  tok = loaded.tokenizer
+  result = replay_prompts(target, [(p.category, tok.encode(tok.apply_chat_template(
+      list(p.messages)))) for p in prompts], predict,
+                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+  report = dict(head=os.path.abspath(args.head), prompts=args.prompts, num_draft=args.num_draft,
+                max_new_tokens=args.max_new_tokens, per_category=args.per_category,
+                categories={k: dict(acceptance_length=r.acceptance_length, rounds=r.rounds,
+                                    per_position_acceptance=(r.accepted_at / r.rounds).tolist())
+                            for k, r in sorted(result.items())})
+  text = json.dumps(report, indent=2)
+  if args.json:
+    from jspec.io import atomic_write_bytes
+    atomic_write_bytes(args.json, (text + "\n").encode())
+  print(text)
 
 
 def cmd_medusa(args) -> None:
@@ -306,6 +345,18 @@ def add_parser(sub, default_model: str) -> None:
                   help="a `jspec train data` folder and how many of its finished shards to take "
                        "(default all); several are joined in order")
   sn.set_defaults(func=cmd_snapshot)
+  r = tsub.add_parser("replay", help="an EAGLE-3 head's greedy acceptance per prompt category, "
+                                     "replayed from one teacher-forced pass over the target's "
+                                     "replies (equal to SpecDecoder's, without decoding)")
+  r.add_argument("--head", required=True, help="an EAGLE-3 head folder (speculators format)")
+  r.add_argument("--prompts", required=True, help="a prompt suite (JSON Lines with categories)")
+  r.add_argument("--model", default=default_model)
+  r.add_argument("--num-draft", type=int, default=5)
+  r.add_argument("--max-new-tokens", type=int, default=128)
+  r.add_argument("--per-category", type=int, default=None, help="the first N prompts per category")
+  r.add_argument("--batch-size", type=int, default=8, help="rows per greedy generation")
+  r.add_argument("--json", default=None, help="also write the result here")
+  r.set_defaults(func=cmd_replay)
   from jspec.train.prompts.cli import add_parser as add_prompts_parser
   add_prompts_parser(tsub, default_model)
 
@@ -327,6 +378,10 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--vocab-coverage", type=float, default=None,
                  help="size the draft vocabulary (a multiple of 256) to hold this share of "
                       "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
+  e.add_argument("--lm-head", choices=["own", "target"], default="own",
+                 help="own: the head trains and saves its LM head; target: it drafts with the "
+                      "target's LM-head rows of the draft vocabulary (frozen, not saved: a large "
+                      "draft vocabulary costs no checkpoint bytes)")
   e.add_argument("--taps", default=None, help="target layers, e.g. 2,15,27 (default 2,L//2,L-3)")
   e.add_argument("--save-every", type=int, default=100)
   e.add_argument("--keep", type=int, default=3)

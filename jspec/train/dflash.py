@@ -25,7 +25,7 @@ from flax import nnx
 
 from jspec.drafters.dflash import DFlashConfig, DFlashModule
 from jspec.drafters.dspark import DSparkModule
-from jspec.train.eagle3 import _at, _digest, _target_head_rows, target_features
+from jspec.train.eagle3 import _at, _digest, target_features
 from models.llama import Llama
 
 
@@ -224,7 +224,7 @@ def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: i
     ids = (mod.backbone if kind == "dspark" else mod).draft_to_target[...]
     tokens = batch["tokens"]
     feats = target_features(tgt, tokens, taps, ids, batch.get("feats"))
-    return block_loss(mod, tgt.embed.embedding[...], _target_head_rows(tgt, ids), feats.taps,
+    return block_loss(mod, tgt.embed.embedding[...], tgt.head_rows(ids), feats.taps,
                       feats.target_logits, tokens, batch["loss_mask"], batch["length"],
                       batch_key(tokens, seed), gamma=gamma, max_anchors=max_anchors)
 

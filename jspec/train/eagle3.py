@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head, attach_target_rows
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -47,22 +47,19 @@ def size_for_coverage(ranking: np.ndarray, check: np.ndarray, coverage: float,
   return size, float(reached[size - 1])
 
 
-def _target_head_rows(target: Llama, ids: jax.Array) -> jax.Array:
-  """The target's LM-head rows of the draft vocabulary: [Vd, H]."""
-  if target.config.tie_embeddings:
-    return target.embed.embedding[...][ids]
-  return target.lm_head.kernel[...].T[ids]
-
-
-def init_head(target: Llama, ids: np.ndarray, *, taps=None, seed: int = 0,
+def init_head(target: Llama, ids: np.ndarray, *, taps=None, seed: int = 0, lm_head: str = "own",
               dtype=jnp.float32) -> Eagle3Head:
-  """A fresh head for `target` over draft vocabulary `ids`; its LM head and final norm start as
-  the target's own (restricted to the draft vocabulary), which speeds up early training."""
-  cfg = Eagle3Config.for_target(target.config, draft_vocab_size=len(ids), taps=taps)
+  """A fresh head for `target` over draft vocabulary `ids`; its LM head (its own, or with
+  lm_head="target" the target's rows, frozen) and final norm start as the target's own
+  (restricted to the draft vocabulary), which speeds up early training."""
+  cfg = Eagle3Config.for_target(target.config, draft_vocab_size=len(ids), taps=taps,
+                                lm_head=lm_head)
   head = Eagle3Head(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
   ids = jnp.asarray(ids, jnp.int32)
   head.draft_to_target[...] = ids
-  head.lm_head.kernel[...] = _target_head_rows(target, ids).T.astype(dtype)
+  if lm_head == "own":
+    head.lm_head.kernel[...] = target.head_rows(ids).T.astype(dtype)
+  attach_target_rows(head, target)
   head.norm.scale[...] = target.norm.scale[...].astype(dtype)
   return head
 
@@ -87,7 +84,7 @@ def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
   else:
     cached = cached.astype(jnp.float32)
     hidden, final = tuple(cached[:, :, i] for i in range(len(taps))), cached[:, :, len(taps)]
-  rows = _target_head_rows(target, draft_ids)                                  # [Vd, H]
+  rows = target.head_rows(draft_ids)                                           # [Vd, H]
   logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
                       preferred_element_type=jnp.float32)
   return jax.lax.stop_gradient(Features(hidden, logits))
@@ -192,14 +189,16 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   return loss, metrics
 
 def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: int = 3,
-                decay: float = 0.8, seed: int = 0, head: Eagle3Head | None = None):
+                decay: float = 0.8, seed: int = 0, lm_head: str = "own",
+                head: Eagle3Head | None = None):
   """The EAGLE-3 `Task` for jspec.train.trainer: trainable = the head's Params; aux = the frozen
   target and the head's draft vocabulary."""
   from jspec.train.trainer import Task
 
   if ttt_steps < 1:
     raise ValueError(f"ttt_steps must be >= 1, got {ttt_steps}")
-  head = head if head is not None else init_head(target, draft_ids, taps=taps, seed=seed)
+  head = head if head is not None else init_head(target, draft_ids, taps=taps, seed=seed,
+                                                 lm_head=lm_head)
   graphdef, params, rest = nnx.split(head, nnx.Param, ...)
   tgraph, tweights = nnx.split(target)
   taps = tuple(head.config.taps)
@@ -225,3 +224,16 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
 def _digest(a: np.ndarray) -> str:
   import hashlib
   return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
+
+
+def draft_predictions(head: Eagle3Head, target: Llama, tokens: jax.Array,
+                      num_draft: int) -> jax.Array:
+  """tokens [B, N] -> [B, D, N] target ids: at anchor t, the greedy chain draft of token t+2+j
+  (j < num_draft) that drafting after the committed tokens 0 .. t+1 makes (`jspec.train.replay`).
+  The head may draft further than it was trained (num_draft > its TTT steps)."""
+  b, n = tokens.shape
+  feats = target_features(target, tokens, tuple(head.config.taps), head.draft_to_target[...])
+  anchors = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], (b, n))
+  outs = ttt_forward(head, target.embed.embedding[...], feats.taps, tokens, anchors, num_draft)
+  ids = head.draft_to_target[...]
+  return jnp.stack([ids[jnp.argmax(head.draft_logits(a), -1)] for a in outs], axis=1)

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.medusa import MedusaConfig, MedusaHead
-from jspec.train.eagle3 import _at, _digest, _shift, _target_head_rows
+from jspec.train.eagle3 import _at, _digest, _shift
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -31,7 +31,7 @@ def init_head(target: Llama, ids: np.ndarray, *, num_heads: int = 4, num_layers:
   head = MedusaHead(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
   ids = jnp.asarray(ids, jnp.int32)
   head.draft_to_target[...] = ids
-  rows = _target_head_rows(target, ids).T.astype(dtype)                        # [H, Vd]
+  rows = target.head_rows(ids).T.astype(dtype)                                 # [H, Vd]
   head.lm_head[...] = jnp.broadcast_to(rows, head.lm_head[...].shape)
   return head
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.mtp import MTPConfig, MTPModule, head_rows
+from jspec.drafters.mtp import MTPConfig, MTPModule
 from jspec.train.eagle3 import _at, _digest, _shift, _ttt_attend
 from models.kv_cache import KVCache
 from models.llama import Llama
@@ -53,7 +53,7 @@ def target_features(target: Llama, tokens: jax.Array, draft_ids: jax.Array,
     final = target.norm(out.hidden[0]).astype(jnp.float32)
   else:
     final = cached[:, :, -1].astype(jnp.float32)
-  rows = head_rows(target, draft_ids)                                          # [Vd, H]
+  rows = target.head_rows(draft_ids)                                          # [Vd, H]
   logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
                       preferred_element_type=jnp.float32)
   return jax.lax.stop_gradient(Features(final, logits))
@@ -149,7 +149,7 @@ def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: floa
     mod = nnx.merge(graphdef, params, rest)
     ids = mod.draft_to_target[...]
     feats = target_features(tgt, batch["tokens"], ids, batch.get("feats"))
-    return mtp_loss(mod, tgt.embed.embedding[...], tgt.norm.scale[...], head_rows(tgt, ids),
+    return mtp_loss(mod, tgt.embed.embedding[...], tgt.norm.scale[...], tgt.head_rows(ids),
                     feats, batch["tokens"], batch["loss_mask"], batch["length"], steps=steps,
                     beta=beta)
 

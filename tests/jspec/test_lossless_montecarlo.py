@@ -91,6 +91,16 @@ def eagle3_head():
 
 
 @pytest.fixture(scope="module")
+def eagle3_shared_head(target):
+  """A tiny EAGLE-3 head drafting with the target's own LM-head rows (lm_head="target")."""
+  from jspec.train.eagle3 import init_head
+  head = init_head(target, np.asarray([0, 2, 3, 4, 5, 7]), taps=(0, 1, 1), seed=2,
+                   lm_head="target")
+  head.norm.scale[...] = head.norm.scale[...] * 4.0        # peaked drafts
+  return head
+
+
+@pytest.fixture(scope="module")
 def medusa_head(target):
   """Random tiny Medusa heads (2 heads, a reduced draft vocabulary: tokens 1 and 6 never
   proposed)."""
@@ -123,14 +133,20 @@ def block_modules(target):
   return {"dflash": dfl, "dspark": dsp}
 
 
-@pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3", "suffix",
+@pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3",
+                                    "eagle3-shared", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
                                     "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree", "mtp",
                                     "dflash", "dspark-schedule"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
-                                                     medusa_head, mtp_module, block_modules,
-                                                     method):
+                                                     eagle3_shared_head, medusa_head, mtp_module,
+                                                     block_modules, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
+  drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head,
+            "mtp": mtp_module, **block_modules}
+  if method == "eagle3-shared":  # drafting with the target's LM-head rows
+    method = cfg["method"] = "eagle3"
+    drafts["eagle3"] = eagle3_shared_head
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
     target = moe_target
@@ -152,8 +168,6 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
     cfg.update(cache_tokens=16, max_tree_depth=4)
   if method == "lookahead":  # 20,000 rows: a small pool
     cfg.update(pool_size=16)
-  drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head,
-            "mtp": mtp_module, **block_modules}
   costs = None
   if cfg.get("confidence_schedule"):
     # one round of 20,000 rows: a width-2 round is too dear, so the scheduler cuts each row at

@@ -94,6 +94,17 @@ def test_training_lowers_loss_and_the_head_accepts(target, data_dir, tmp_path):
       (out.acceptance_length, base.acceptance_length)
   assert out.token_ids == Decoder(target).generate(prompts[:8], max_new_tokens=32,
                                                    eos=False).token_ids
+  # the teacher-forced replay reproduces the decoder's rounds and acceptance exactly
+  from jspec.train.replay import Replay, replay_greedy
+  total = Replay()
+  for p, reply in zip(prompts[:8], out.token_ids):
+    seq = np.asarray(p + reply)
+    preds = np.asarray(eagle3.draft_predictions(head, target, jnp.asarray(seq)[None], 3))[0]
+    total.add(replay_greedy(preds, seq, len(p), len(seq)))
+  assert (total.rounds, total.emitted) == (out.rounds, out.emitted)
+  # a row's last round, cut by the budget, may accept drafts past the reply (unknown to replay)
+  gap = np.asarray(out.accepted_at) - total.accepted_at
+  assert (gap >= 0).all() and (gap <= 8).all() and total.accepted_at.sum() > 30, gap
 
 
 def test_resume_reproduces_the_uninterrupted_run(target, data_dir, tmp_path):
@@ -229,3 +240,63 @@ def test_feature_cache_matches_the_target_pass_and_trains(target, data_dir, tmp_
   history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=30), progress=False,
                           features=folder)
   assert np.mean([r["loss"] for r in history[-5:]]) < np.mean([r["loss"] for r in history[:5]]) - 1
+
+
+def test_target_lm_head_is_frozen_unsaved_and_drafts_like_the_same_rows_owned(target, data_dir,
+                                                                            tmp_path):
+  """lm_head="target": the rows are the target's (not trained, not saved); a head drafting with
+  them proposes exactly what the same head with those rows as its own LM head proposes."""
+  data, prompts = data_dir
+  ids = np.arange(3, 60, 2)
+  task = eagle3.eagle3_task(target, ids, ttt_steps=2, lm_head="target")
+  assert "lm_head" not in nnx.to_pure_dict(task.params)          # never trained
+  history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=20), progress=False)
+  assert np.mean([r["loss"] for r in history[-5:]]) < np.mean([r["loss"] for r in history[:5]])
+  shared = task.module(task.params)
+  np.testing.assert_array_equal(shared.lm_head.rows[...], target.head_rows(jnp.asarray(ids)))
+  folder = str(tmp_path / "head")
+  sf.save_eagle3(shared, folder, dtype=jnp.float32)
+  from safetensors.numpy import load_file
+  assert "lm_head.weight" not in load_file(os.path.join(folder, "model.safetensors"))
+  assert json.load(open(os.path.join(folder, "config.json")))[sf.LM_HEAD_KEY] == "target"
+  loaded = sf.load_eagle3(folder)
+  assert loaded.config == shared.config
+  # the same head owning the rows as its LM head
+  owned = eagle3.init_head(target, ids, seed=9)
+  for name in ("fc", "q_proj", "k_proj", "v_proj", "o_proj", "mlp", "input_layernorm",
+               "hidden_norm", "post_attention_layernorm", "norm"):
+    nnx.update(getattr(owned, name), nnx.state(getattr(shared, name)))
+  owned.lm_head.kernel[...] = target.head_rows(jnp.asarray(ids)).T
+  kw = dict(max_new_tokens=24, eos=False)
+  cfg = {"method": "eagle3", "num_speculative_tokens": 3}
+  a = SpecDecoder(target, dict(cfg, head=folder)).generate(prompts[:4], **kw)
+  b = SpecDecoder(target, cfg, draft_model=owned).generate(prompts[:4], **kw)
+  assert a.token_ids == b.token_ids == Decoder(target).generate(prompts[:4], **kw).token_ids
+  assert a.accepted_at == b.accepted_at and a.rounds == b.rounds
+
+
+def test_unknown_lm_head_kind_fails_on_load(target, saved_head):
+  _, folder = saved_head
+  c = os.path.join(folder, "config.json")
+  cfg = json.load(open(c))
+  cfg[sf.LM_HEAD_KEY] = "tied"
+  open(c, "w").write(json.dumps(cfg))
+  os.remove(os.path.join(folder, "checksums.json"))
+  with pytest.raises(ValueError, match="jspec_lm_head is 'tied'"):
+    SpecDecoder(target, {"method": "eagle3", "num_speculative_tokens": 2, "head": folder})
+
+
+def test_replay_counts_rounds_by_hand():
+  """Reply tokens 3.. after a 2-token prompt; D = 2. Anchor 1 drafts positions 3, 4."""
+  from jspec.train.replay import replay_greedy
+  tokens = np.asarray([9, 9, 5, 6, 7, 8, 1, 2, 3])
+  preds = np.full((2, 9), -1)
+  preds[:, 1] = [6, 7]          # round 1 at anchor 1: both accepted -> emits 3 (6, 7, bonus 8)
+  preds[:, 4] = [0, 0]          # round 2 at anchor 4: none accepted -> emits 1 (token 1 at 6)
+  preds[:, 5] = [2, 0]          # round 3 at anchor 5: one accepted -> emits 2 (2, bonus 3)
+  r = replay_greedy(preds, tokens, 2, 9)
+  assert (r.rounds, r.emitted, r.accepted_at.tolist()) == (3, 6, [2, 1])
+  r = replay_greedy(preds, tokens, 2, 5)             # the budget cuts round 1 short
+  assert (r.rounds, r.emitted) == (1, 2)
+  with pytest.raises(ValueError, match="prompt_len"):
+    replay_greedy(preds, tokens, 0, 9)
