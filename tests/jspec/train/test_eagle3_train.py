@@ -300,3 +300,17 @@ def test_replay_counts_rounds_by_hand():
   assert (r.rounds, r.emitted) == (1, 2)
   with pytest.raises(ValueError, match="prompt_len"):
     replay_greedy(preds, tokens, 0, 9)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-draft", "0"], "--num-draft must be >= 1"),
+    (["--max-new-tokens", "1"], "--max-new-tokens must be >= 2"),
+    (["--prompts", "/nonexistent/suite.jsonl"], "suite.jsonl"),
+])
+def test_replay_cli_errors_name_the_problem(tmp_path, argv, message):
+  from jspec.cli import main
+  base = {"--head": str(tmp_path), "--prompts": "benchmarks/prompts/suite.jsonl"}
+  base.update(dict(zip(argv[::2], argv[1::2])))
+  with pytest.raises(SystemExit) as e:
+    main(["train", "replay"] + [x for kv in base.items() for x in kv])
+  assert message in str(e.value)
