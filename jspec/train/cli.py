@@ -159,6 +159,8 @@ def cmd_eagle3(args) -> None:
 
 
 def cmd_replay(args) -> None:
+  import hashlib
+
   import jax
 
   import models
@@ -166,7 +168,7 @@ def cmd_replay(args) -> None:
   from jspec.drafters import speculators_format
   from jspec.drafters.eagle3 import attach_target_rows
   from jspec.train import eagle3
-  from jspec.train.replay import replay_prompts
+  from jspec.train.replay import greedy_replies, replay_prompts
 
   try:
     _positive(args, "num_draft", "batch_size")
@@ -178,13 +180,28 @@ def cmd_replay(args) -> None:
     head.config.check_target(loaded.model.config)
   except (ValueError, OSError) as e:
     sys.exit(f"jspec: {e}")
-  target = loaded.model
+  target, tok = loaded.model, loaded.tokenizer
+  ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
+  # the replies depend only on the target and the prompts: kept in --replies between heads
+  key = dict(model=loaded.name, max_new_tokens=args.max_new_tokens,
+             prompts=hashlib.sha256(json.dumps(ids).encode()).hexdigest())
+  replies = None
+  if args.replies and os.path.isfile(args.replies):
+    try:
+      with open(args.replies) as f:
+        cached = json.load(f)
+      replies = cached["replies"] if cached.get("key") == key else None
+    except (ValueError, KeyError, AttributeError):   # unreadable: made again
+      replies = None
+  if replies is None:
+    replies = greedy_replies(target, ids, max_new_tokens=args.max_new_tokens,
+                             batch_size=args.batch_size)
+    if args.replies:
+      from jspec.io import atomic_write_bytes
+      atomic_write_bytes(args.replies, json.dumps(dict(key=key, replies=replies)).encode())
   attach_target_rows(head, target)
   predict = jax.jit(lambda t: eagle3.draft_predictions(head, target, t, args.num_draft))
-  tok = loaded.tokenizer
-  result = replay_prompts(target, [(p.category, tok.encode(tok.apply_chat_template(
-      list(p.messages)))) for p in prompts], predict,
-                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+  result = replay_prompts([(p.category, i) for p, i in zip(prompts, ids)], replies, predict)
   report = dict(head=os.path.abspath(args.head), prompts=args.prompts, num_draft=args.num_draft,
                 max_new_tokens=args.max_new_tokens, per_category=args.per_category,
                 categories={k: dict(acceptance_length=r.acceptance_length, rounds=r.rounds,
@@ -355,6 +372,9 @@ def add_parser(sub, default_model: str) -> None:
   r.add_argument("--max-new-tokens", type=int, default=128)
   r.add_argument("--per-category", type=int, default=None, help="the first N prompts per category")
   r.add_argument("--batch-size", type=int, default=8, help="rows per greedy generation")
+  r.add_argument("--replies", default=None,
+                 help="a JSON file keeping the target's greedy replies between runs (written "
+                      "when missing or made for other prompts, settings or model)")
   r.add_argument("--json", default=None, help="also write the result here")
   r.set_defaults(func=cmd_replay)
   from jspec.train.prompts.cli import add_parser as add_prompts_parser

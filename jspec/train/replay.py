@@ -58,30 +58,38 @@ def replay_greedy(preds: np.ndarray, tokens: np.ndarray, prompt_len: int, end: i
   return out
 
 
-def replay_prompts(target, prompts, predict, *, max_new_tokens: int, batch_size: int = 8,
-                   bucket: int = 256) -> dict[str, Replay]:
-  """prompts: [(category, token ids)]; predict(tokens [1, N]) -> [1, D, N] (jitted; N a multiple
-  of `bucket`). Greedy replies of the target (stopping at its EOS, as `jspec bench` runs them),
-  then each replayed; returns {category: Replay} with "all" pooled."""
-  import jax.numpy as jnp
-
+def greedy_replies(target, prompts, *, max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
+  """The target's greedy replies to token-id prompts, stopping at its EOS (as `jspec bench` runs
+  them)."""
   from jspec.decode import Decoder
 
   if max_new_tokens < 2:
     raise ValueError(f"max_new_tokens must be >= 2 to replay rounds, got {max_new_tokens}")
   dec = Decoder(target)
-  out: dict[str, Replay] = {}
+  out = []
   for i in range(0, len(prompts), batch_size):
-    group = prompts[i:i + batch_size]
-    replies = dec.generate([ids for _, ids in group], max_new_tokens=max_new_tokens).token_ids
-    for (category, ids), reply in zip(group, replies):
-      if len(reply) < 2:
-        continue
-      seq = np.asarray(list(ids) + list(reply), np.int32)
-      padded = np.zeros(-(-len(seq) // bucket) * bucket, np.int32)
-      padded[:len(seq)] = seq
-      preds = np.asarray(predict(jnp.asarray(padded)[None]))[0]
-      r = replay_greedy(preds, seq, len(ids), len(seq))
-      for key in (category, "all"):
-        out.setdefault(key, Replay()).add(r)
+    out += [list(r) for r in dec.generate(prompts[i:i + batch_size],
+                                          max_new_tokens=max_new_tokens).token_ids]
+  return out
+
+
+def replay_prompts(prompts, replies, predict, *, bucket: int = 256) -> dict[str, Replay]:
+  """prompts: [(category, token ids)], replies: the target's greedy reply to each
+  (`greedy_replies`); predict(tokens [1, N]) -> [1, D, N] (jitted; N a multiple of `bucket`).
+  Returns {category: Replay} with "all" pooled."""
+  import jax.numpy as jnp
+
+  if len(prompts) != len(replies):
+    raise ValueError(f"{len(prompts)} prompts but {len(replies)} replies")
+  out: dict[str, Replay] = {}
+  for (category, ids), reply in zip(prompts, replies):
+    if len(reply) < 2:
+      continue
+    seq = np.asarray(list(ids) + list(reply), np.int32)
+    padded = np.zeros(-(-len(seq) // bucket) * bucket, np.int32)
+    padded[:len(seq)] = seq
+    preds = np.asarray(predict(jnp.asarray(padded)[None]))[0]
+    r = replay_greedy(preds, seq, len(ids), len(seq))
+    for key in (category, "all"):
+      out.setdefault(key, Replay()).add(r)
   return out

@@ -95,12 +95,12 @@ def test_training_lowers_loss_and_the_head_accepts(target, data_dir, tmp_path):
   assert out.token_ids == Decoder(target).generate(prompts[:8], max_new_tokens=32,
                                                    eos=False).token_ids
   # the teacher-forced replay reproduces the decoder's rounds and acceptance exactly
-  from jspec.train.replay import Replay, replay_greedy
-  total = Replay()
-  for p, reply in zip(prompts[:8], out.token_ids):
-    seq = np.asarray(p + reply)
-    preds = np.asarray(eagle3.draft_predictions(head, target, jnp.asarray(seq)[None], 3))[0]
-    total.add(replay_greedy(preds, seq, len(p), len(seq)))
+  from jspec.train.replay import replay_prompts
+  replayed = replay_prompts([("ab"[i % 2], p) for i, p in enumerate(prompts[:8])], out.token_ids,
+                            jax.jit(lambda t: eagle3.draft_predictions(head, target, t, 3)),
+                            bucket=16)          # padded past each sequence: causal, no effect
+  total = replayed["all"]
+  assert replayed["a"].rounds + replayed["b"].rounds == total.rounds
   assert (total.rounds, total.emitted) == (out.rounds, out.emitted)
   # a row's last round, cut by the budget, may accept drafts past the reply (unknown to replay)
   gap = np.asarray(out.accepted_at) - total.accepted_at
