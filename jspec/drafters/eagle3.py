@@ -106,7 +106,7 @@ class TargetLMHead(nnx.Module):
     self.rows = TargetRows(jnp.zeros((draft_vocab_size, hidden_size), dtype))
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    rows = self.rows[...]
+    rows = self.rows[...]     # [Vd, H]: one pass over the rows on CPU (an einsum read them slower)
     return cpu_gemm.matmul(x.astype(rows.dtype), rows, transpose_w=True)
 
 
@@ -121,9 +121,7 @@ class Eagle3Head(nnx.Module):
   def __init__(self, cfg: Eagle3Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     h, nq, nkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    dot = cpu_gemm.DotGeneral()    # small-M products read each weight once on CPU
-    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype,
-                                  dot_general=dot, rngs=rngs)
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs)
     self.config = cfg
     self.fc = lin(len(cfg.taps) * h, h)
     self.input_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)     # on the token embedding
