@@ -5,7 +5,7 @@ from jspec.config import SpeculativeConfig
 from jspec.decode import Decoder, DecodeOutput
 from jspec.drafters.base import Context, Draft, Drafter
 from jspec.drafters.draft_model import DraftModelDrafter, layer_skip_model
-from jspec.drafters.ngram import NgramDrafter
+from jspec.drafters.model_free.ngram import NgramDrafter
 from jspec.sampling import SamplingParams, process_logits, sample
 from jspec.spec_decode import SpecDecoder, SpecOutput
 

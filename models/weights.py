@@ -14,7 +14,7 @@ from models.errors import ModelLoadError
 from models.llama import Llama
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
-_IN_LAYER = {
+IN_LAYER = {
     "self_attn.q_proj.weight": ("attn", "q_proj", "kernel"),
     "self_attn.k_proj.weight": ("attn", "k_proj", "kernel"),
     "self_attn.v_proj.weight": ("attn", "v_proj", "kernel"),
@@ -32,7 +32,7 @@ _IN_LAYER = {
 }
 # MoE layers (Qwen3-MoE / Qwen2-MoE under "mlp.", Mixtral under "block_sparse_moe."): the router and
 # the shared expert map like linear weights; per-expert weights are stacked along a leading E axis.
-_IN_LAYER.update({
+IN_LAYER.update({
     "mlp.gate.weight": ("mlp", "router"),
     "block_sparse_moe.gate.weight": ("mlp", "router"),
     "mlp.shared_expert.gate_proj.weight": ("mlp", "shared_gate_proj", "kernel"),
@@ -55,8 +55,8 @@ def _path(name: str) -> tuple | None:
   if name in _TOP:
     return _TOP[name]
   m = _LAYER.fullmatch(name)
-  if m and m.group(2) in _IN_LAYER:
-    return ("layers", int(m.group(1))) + _IN_LAYER[m.group(2)]
+  if m and m.group(2) in IN_LAYER:
+    return ("layers", int(m.group(1))) + IN_LAYER[m.group(2)]
   if m and m.group(2) in ("moe.w_gate", "moe.w_up", "moe.w_down"):   # from `stack_experts`
     return ("layers", int(m.group(1)), "mlp", m.group(2)[4:])
   return None

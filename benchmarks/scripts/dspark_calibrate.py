@@ -15,9 +15,9 @@ import models
 from jspec import Decoder
 from jspec.bench import suite
 from jspec.confidence import fit_temperatures, save_calibration
-from jspec.drafters import dflash_format
+from jspec.drafters.dflash import checkpoint as dflash_format
 from jspec.train.dflash import block_loss
-from jspec.train.eagle3 import _target_head_rows, target_features
+from jspec.train.shared import target_features
 
 folder, path = sys.argv[1], sys.argv[2]
 num = int(sys.argv[3]) if len(sys.argv) > 3 else 24
@@ -37,7 +37,7 @@ length = jnp.asarray([len(p) + len(r) for p, r in zip(prompts, replies)], jnp.in
 ids = module.backbone.draft_to_target[...]
 feats = target_features(target, jnp.asarray(tokens), module.config.taps, ids)
 _, _, out = jax.jit(lambda t, m, l: block_loss(
-    module, target.embed.embedding[...], _target_head_rows(target, ids), feats.taps,
+    module, target.embed.embedding[...], target.head_rows(ids), feats.taps,
     feats.target_logits, t, m, l, jax.random.key(0), gamma=4.0, max_anchors=128,
     outputs=True))(jnp.asarray(tokens), jnp.asarray(mask), length)
 full = np.asarray(jnp.all(out["w"] > 0, axis=-1)).reshape(-1)          # blocks with every label

@@ -11,7 +11,8 @@ import numpy as np
 import models
 from jspec import Decoder
 from jspec.bench import suite
-from jspec.drafters import medusa_format
+from jspec.drafters import heads
+from jspec.drafters.medusa import checkpoint as medusa_format
 from jspec.train.medusa import final_hidden, rank_accuracy
 
 path = sys.argv[1]
@@ -19,7 +20,7 @@ num = int(sys.argv[2]) if len(sys.argv) > 2 else 24
 ranks = int(sys.argv[3]) if len(sys.argv) > 3 else 4
 lm = models.load(models.DEFAULT_MODEL, quiet=True)
 tok = lm.tokenizer
-folder = medusa_format.shipped_head(lm.model.config)
+folder = heads.shipped_head("medusa", lm.model.config)[0]
 head = medusa_format.load_medusa(folder)
 prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in suite.load(path)]
 prompts = [p for p in prompts if len(p) <= 192][:num]

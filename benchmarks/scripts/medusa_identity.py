@@ -10,7 +10,8 @@ import numpy as np
 import models
 from jspec import Decoder, SpecDecoder
 from jspec.bench import suite
-from jspec.drafters import medusa_format
+from jspec.drafters import heads
+from jspec.drafters.medusa import checkpoint as medusa_format
 
 method = sys.argv[1] if len(sys.argv) > 1 else "medusa"
 depths = [int(x) for x in (sys.argv[2] if len(sys.argv) > 2 else "3,4").split(",")]
@@ -24,8 +25,8 @@ picked = [p for p in picked if p.id.endswith("-01")] + [p for p in picked if p.i
 prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in picked]
 print("prompts:", [p.id for p in picked], "tokens:", [len(p) for p in prompts], flush=True)
 plain = Decoder(lm.model).generate(prompts, max_new_tokens=64, eos=False).token_ids
-ids = set(np.asarray(medusa_format.load_medusa(medusa_format.shipped_head(
-    lm.model.config)).draft_to_target[...]).tolist())
+ids = set(np.asarray(medusa_format.load_medusa(heads.shipped_head("medusa",
+    lm.model.config)[0]).draft_to_target[...]).tolist())
 replies = [t for row in plain for t in row]
 print(f"medusa draft vocabulary covers {np.mean([t in ids for t in replies]):.3f} of the "
       f"{len(replies)} reply tokens", flush=True)

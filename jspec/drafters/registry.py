@@ -1,7 +1,8 @@
 """The drafter registry: one entry per method (name, options dataclass, builder, CLI flags).
 
 `SpeculativeConfig`, `SpecDecoder`, `jspec generate --drafter`, `jspec bench --drafters` and the HF
-peer all read it, so a new method is its own file (which registers itself) plus its tests.
+peer all read it, so a new method is its own package (which registers itself on import, listed in
+jspec/drafters/__init__.py) plus its tests.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def register(method: Method) -> Method:
 
 
 def methods() -> dict[str, Method]:
-  """Every registered method by config name (importing jspec.drafters registers the built-ins)."""
-  import jspec.drafters  # noqa: F401  (each drafter module registers itself on import)
+  """Every registered method by config name (importing this module imports its package,
+  jspec.drafters, which registers the built-ins)."""
   return dict(_METHODS)
 
 

@@ -141,7 +141,8 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
 
 
 def cmd_eagle3(args) -> None:
-  from jspec.drafters import speculators_format
+  from jspec.drafters import heads
+  from jspec.drafters.eagle3 import checkpoint as speculators_format
   from jspec.train import eagle3
   from jspec.train.features import cache_features
 
@@ -149,7 +150,7 @@ def cmd_eagle3(args) -> None:
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
                    seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
 
-  _train(args, speculators_format.WEIGHTS, lambda: _positive(args, "ttt_steps"),
+  _train(args, heads.WEIGHTS, lambda: _positive(args, "ttt_steps"),
          lambda target, ids: eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
                                                 ttt_steps=args.ttt_steps, decay=args.decay,
                                                 seed=args.seed, lm_head=args.lm_head),
@@ -165,7 +166,7 @@ def cmd_replay(args) -> None:
 
   import models
   from jspec.bench import suite
-  from jspec.drafters import speculators_format
+  from jspec.drafters.eagle3 import checkpoint as speculators_format
   from jspec.drafters.eagle3 import attach_target_rows
   from jspec.train import eagle3
   from jspec.train.replay import greedy_replies, replay_prompts
@@ -215,10 +216,11 @@ def cmd_replay(args) -> None:
 
 
 def cmd_medusa(args) -> None:
-  from jspec.drafters import medusa_format
+  from jspec.drafters import heads
+  from jspec.drafters.medusa import checkpoint as medusa_format
   from jspec.train import medusa
 
-  _train(args, medusa_format.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"),
+  _train(args, heads.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"),
          lambda target, ids: medusa.medusa_task(target, ids, num_heads=args.num_heads,
                                                 num_layers=args.num_layers, decay=args.decay,
                                                 seed=args.seed),
@@ -230,7 +232,8 @@ def cmd_medusa(args) -> None:
 
 
 def cmd_mtp(args) -> None:
-  from jspec.drafters import mtp_format
+  from jspec.drafters import heads
+  from jspec.drafters.mtp import checkpoint as mtp_format
   from jspec.train import mtp
 
   def validate():
@@ -238,7 +241,7 @@ def cmd_mtp(args) -> None:
     if not 0 < args.beta <= 1:
       raise ValueError(f"--beta must be in (0, 1], got {args.beta}")
 
-  _train(args, mtp_format.WEIGHTS, validate,
+  _train(args, heads.WEIGHTS, validate,
          lambda target, ids: mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta,
                                           seed=args.seed),
          lambda target, folder, cfg, task: mtp.ensure_features(
@@ -249,7 +252,8 @@ def cmd_mtp(args) -> None:
 
 
 def _cmd_block(args, kind: str) -> None:
-  from jspec.drafters import dflash_format, speculators_format
+  from jspec.drafters import heads
+  from jspec.drafters.dflash import checkpoint as dflash_format
   from jspec.train import dflash
   from jspec.train.data import token_counts
   from jspec.train.features import cache_features
@@ -285,7 +289,7 @@ def _cmd_block(args, kind: str) -> None:
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
                    seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
 
-  _train(args, speculators_format.WEIGHTS, validate, make_task, prepare,
+  _train(args, heads.WEIGHTS, validate, make_task, prepare,
          lambda module, folder, dtype, verifier: dflash_format.save(module, folder, dtype=dtype,
                                                                     verifier=verifier))
 

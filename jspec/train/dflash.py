@@ -25,7 +25,7 @@ from flax import nnx
 
 from jspec.drafters.dflash import DFlashConfig, DFlashModule
 from jspec.drafters.dspark import DSparkModule
-from jspec.train.eagle3 import _at, _digest, target_features
+from jspec.train.shared import digest, take_at, target_features
 from models.llama import Llama
 
 
@@ -104,7 +104,7 @@ def block_forward(backbone: DFlashModule, embed: jax.Array, taps: tuple[jax.Arra
   m = anchors.shape[1]
   ctx = backbone.context(taps)                                                 # [B, N, H]
   ks, vs = backbone.context_kv(ctx, jnp.broadcast_to(jnp.arange(n)[None], (b, n)))
-  block = jnp.full((b, m, bs), cfg.mask_token_id, jnp.int32).at[:, :, 0].set(_at(tokens, anchors))
+  block = jnp.full((b, m, bs), cfg.mask_token_id, jnp.int32).at[:, :, 0].set(take_at(tokens, anchors))
   positions = (anchors[:, :, None] + jnp.arange(bs)[None, None]).reshape(b, m * bs)
   x = embed[block.reshape(b, m * bs)]
 
@@ -144,14 +144,14 @@ def block_loss(module, embed: jax.Array, rows: jax.Array, taps, target_logits: j
   h = block_forward(backbone, embed, taps, tokens, anchors)[:, :, first:]     # [B, M, D, H]
   lab_pos = anchors[:, :, None] + first + shift + jnp.arange(d)[None, None]    # [B, M, D]
   flat = lambda x: x.reshape(b, -1)
-  labels = _at(tokens, flat(lab_pos)).reshape(lab_pos.shape)
+  labels = take_at(tokens, flat(lab_pos)).reshape(lab_pos.shape)
   w = (used[:, :, None] & (lab_pos < length[:, None, None]) & (lab_pos < n)
-       & (_at(loss_mask, flat(lab_pos)).reshape(lab_pos.shape) > 0) & in_vocab[labels])
+       & (take_at(loss_mask, flat(lab_pos)).reshape(lab_pos.shape) > 0) & in_vocab[labels])
   w = w.astype(jnp.float32)
   logits = backbone.draft_logits(h, rows)                                      # [B, M, D, Vd]
-  p_t = jax.nn.softmax(_at(target_logits, flat(lab_pos - 1)).reshape(logits.shape), -1)
+  p_t = jax.nn.softmax(take_at(target_logits, flat(lab_pos - 1)).reshape(logits.shape), -1)
   if dspark:
-    prev = module.draft_index(_at(tokens, flat(lab_pos - 1)).reshape(lab_pos.shape))
+    prev = module.draft_index(take_at(tokens, flat(lab_pos - 1)).reshape(lab_pos.shape))
     bias, e = module.markov_bias(h, prev)
     logits = logits + bias
     conf_logit = module.confidence_logit(h, e)                                 # [B, M, D]
@@ -229,7 +229,7 @@ def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: i
                       batch_key(tokens, seed), gamma=gamma, max_anchors=max_anchors)
 
   meta = dict(head=dataclasses.asdict(cfg), gamma=gamma, max_anchors=max_anchors,
-              draft_vocab_sha=_digest(np.asarray(draft_ids)),
+              draft_vocab_sha=digest(np.asarray(draft_ids)),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))
   task = Task(name=kind, params=params, aux=(tweights, rest), loss=loss, meta=meta)

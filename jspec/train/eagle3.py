@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head, attach_target_rows
-from models.kv_cache import KVCache
+from jspec.train.shared import Features, digest, shift, take_at, target_features, ttt_attend
 from models.llama import Llama
 
 
@@ -64,68 +64,6 @@ def init_head(target: Llama, ids: np.ndarray, *, taps=None, seed: int = 0, lm_he
   return head
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Features:
-  taps: tuple[jax.Array, ...]   # [B, N, H] each: the residual stream entering the head's layers
-  target_logits: jax.Array      # [B, N, Vd] the target's logits on the draft vocabulary
-
-
-def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
-                    draft_ids: jax.Array, cached: jax.Array | None = None) -> Features:
-  """Teacher-forced target pass over tokens [B, N] (no gradient), or the same read from a feature
-  cache: cached [B, N, K+1, H] holds the K taps and the final normed hidden state."""
-  cfg = target.config
-  if cached is None:
-    b, n = tokens.shape
-    out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
-                 logit_indices=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps) + (cfg.num_layers,))
-    hidden, final = tuple(out.hidden[:-1]), target.norm(out.hidden[-1])      # [B, N, H]
-  else:
-    cached = cached.astype(jnp.float32)
-    hidden, final = tuple(cached[:, :, i] for i in range(len(taps))), cached[:, :, len(taps)]
-  rows = target.head_rows(draft_ids)                                           # [Vd, H]
-  logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
-                      preferred_element_type=jnp.float32)
-  return jax.lax.stop_gradient(Features(hidden, logits))
-
-
-def _ttt_attend(prev: list, anchors: jax.Array | None, scale: float):
-  """Attention for TTT step j = len(prev); prev holds the (k, v) of steps 0 .. j-1. Step 0 runs
-  over all N positions, causally. Steps j > 0 run over K anchors [B, K] (positions t): their
-  queries see step 0's keys at positions <= t and the keys of steps 1..j at the same anchor."""
-  def attend(q, k, v):
-    b, m, hq, dh = q.shape
-    kvh = k.shape[2]
-    qg = q.reshape(b, m, kvh, hq // kvh, dh).astype(jnp.float32)              # [B, M, KVH, G, Dh]
-    steps = prev + [(k, v)]
-    k0, v0 = steps[0]
-    n = k0.shape[1]
-    t = jnp.broadcast_to(jnp.arange(m)[None], (b, m)) if anchors is None else anchors
-    seen = jnp.arange(n)[None, None, :] <= t[:, :, None]                       # [B, M, N]
-    s0 = jnp.einsum("btkgd,bskd->bkgts", qg, k0.astype(jnp.float32)) * scale   # [B,KVH,G,M,N]
-    s0 = jnp.where(seen[:, None, None], s0, -jnp.inf)
-    diag = [jnp.einsum("btkgd,btkd->bkgt", qg, ki.astype(jnp.float32))[..., None] * scale
-            for ki, _ in steps[1:]]                                            # [B,KVH,G,M,1]
-    probs = jax.nn.softmax(jnp.concatenate([s0] + diag, axis=-1), axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :n], v0.astype(jnp.float32))
-    for i, (_, vi) in enumerate(steps[1:]):
-      out = out + jnp.einsum("bkgt,btkd->btkgd", probs[..., n + i], vi.astype(jnp.float32))
-    return out.reshape(b, m, hq, dh).astype(q.dtype), (k, v)
-  return attend
-
-
-def _shift(x: jax.Array, k: int) -> jax.Array:
-  """x[:, t + k] at t (zeros past the end)."""
-  return jnp.concatenate([x[:, k:], jnp.zeros_like(x[:, :k])], axis=1)
-
-
-def _at(x: jax.Array, idx: jax.Array) -> jax.Array:
-  """x [B, N, ...] at per-row positions idx [B, K] (clipped to the sequence)."""
-  idx = jnp.clip(idx, 0, x.shape[1] - 1)
-  return jnp.take_along_axis(x, idx.reshape(idx.shape + (1,) * (x.ndim - 2)), axis=1)
-
-
 def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
                 tokens: jax.Array, anchors: jax.Array, ttt_steps: int) -> list[jax.Array]:
   """The head's outputs [B, K, H] per TTT step at anchors [B, K]: step j's output at anchor t
@@ -133,12 +71,12 @@ def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
   b, n = tokens.shape
   scale = head.config.head_dim ** -0.5
   pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
-  a, kv0 = head.layer(head.fuse(taps), embed[_at(tokens, pos + 1)], pos,
-                      _ttt_attend([], None, scale))
-  outs, prev, feature = [_at(a, anchors)], [kv0], _at(a, anchors)
+  a, kv0 = head.layer(head.fuse(taps), embed[take_at(tokens, pos + 1)], pos,
+                      ttt_attend([], None, scale))
+  outs, prev, feature = [take_at(a, anchors)], [kv0], take_at(a, anchors)
   for j in range(1, ttt_steps):
-    a, kv = head.layer(feature, embed[_at(tokens, anchors + 1 + j)], anchors + j,
-                       _ttt_attend(prev, anchors, scale))
+    a, kv = head.layer(feature, embed[take_at(tokens, anchors + 1 + j)], anchors + j,
+                       ttt_attend(prev, anchors, scale))
     prev.append(kv)
     outs.append(a)
     feature = a
@@ -158,8 +96,8 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   cfg = head.config
   in_vocab = jnp.zeros((cfg.vocab_size,), bool).at[head.draft_to_target[...]].set(True)
   pos = jnp.arange(n)[None, :]
-  labelled = [((pos + 2 + j) < length[:, None]) & (_shift(loss_mask, 2 + j) > 0)
-              & in_vocab[_shift(tokens, 2 + j)] for j in range(ttt_steps)]     # [B, N] each
+  labelled = [((pos + 2 + j) < length[:, None]) & (shift(loss_mask, 2 + j) > 0)
+              & in_vocab[shift(tokens, 2 + j)] for j in range(ttt_steps)]     # [B, N] each
   k = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n - 1)[0])(
       jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, K]
@@ -168,8 +106,8 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for j, a in enumerate(outs):
     logits = head.draft_logits(a)                                              # [B, K, Vd]
-    label_logits = _at(feats.target_logits, anchors + 1 + j)                   # position t+1+j
-    w = _at(labelled[j], anchors).astype(jnp.float32)
+    label_logits = take_at(feats.target_logits, anchors + 1 + j)                   # position t+1+j
+    w = take_at(labelled[j], anchors).astype(jnp.float32)
     ce = -jnp.sum(jax.nn.softmax(label_logits, -1) * jax.nn.log_softmax(logits, -1), -1)
     cnt = jnp.maximum(w.sum(), 1.0)
     losses.append(jnp.sum(ce * w) / cnt)
@@ -181,7 +119,7 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   weights = jnp.asarray([decay ** j for j in range(ttt_steps)], jnp.float32)
   loss = jnp.sum(weights * jnp.stack(losses))
   # Greedy AL with D = ttt_steps over anchors where every step has a label: 1 + accepted run.
-  wf = _at(jnp.all(jnp.stack(labelled), axis=0), anchors).astype(jnp.float32)
+  wf = take_at(jnp.all(jnp.stack(labelled), axis=0), anchors).astype(jnp.float32)
   per_pos = jnp.stack([jnp.sum(r * wf) for r in accepted]) / jnp.maximum(wf.sum(), 1.0)
   metrics = dict(loss=loss, step_loss=jnp.stack(losses), step_acc=jnp.stack(accs),
                  step_count=jnp.stack(counts), accept_at=per_pos, al=1.0 + per_pos.sum(),
@@ -213,17 +151,12 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
                     batch["length"], ttt_steps=ttt_steps, decay=decay)
 
   meta = dict(head=dataclasses.asdict(head.config), ttt_steps=ttt_steps, decay=decay,
-              draft_vocab_sha=_digest(np.asarray(head.draft_to_target[...])),
+              draft_vocab_sha=digest(np.asarray(head.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))
   task = Task(name="eagle3", params=params, aux=(tweights, rest), loss=loss, meta=meta)
   task.module = lambda p: nnx.merge(graphdef, p, rest)
   return task
-
-
-def _digest(a: np.ndarray) -> str:
-  import hashlib
-  return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()[:16]
 
 
 def draft_predictions(head: Eagle3Head, target: Llama, tokens: jax.Array,

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.medusa import MedusaConfig, MedusaHead
-from jspec.train.eagle3 import _at, _digest, _shift
+from jspec.train.shared import digest, shift, take_at
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -61,16 +61,16 @@ def medusa_loss(head: MedusaHead, hidden: jax.Array, tokens: jax.Array, loss_mas
   to_draft = jnp.zeros((cfg.vocab_size,), jnp.int32).at[ids].set(
       jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32))
   pos = jnp.arange(n)[None, :]
-  labelled = jnp.stack([((pos + 2 + k) < length[:, None]) & (_shift(loss_mask, 2 + k) > 0)
-                        & in_vocab[_shift(tokens, 2 + k)] for k in range(cfg.num_heads)],
+  labelled = jnp.stack([((pos + 2 + k) < length[:, None]) & (shift(loss_mask, 2 + k) > 0)
+                        & in_vocab[shift(tokens, 2 + k)] for k in range(cfg.num_heads)],
                        axis=-1)                                               # [B, N, K]
   m = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda x: jnp.nonzero(x, size=m, fill_value=n - 1)[0])(
       jnp.any(labelled, axis=-1)).astype(jnp.int32)                            # [B, M]
-  logits = head(_at(hidden, anchors))                                          # [B, M, K, Vd]
-  labels = jnp.stack([to_draft[_at(tokens, anchors + 2 + k)] for k in range(cfg.num_heads)],
+  logits = head(take_at(hidden, anchors))                                          # [B, M, K, Vd]
+  labels = jnp.stack([to_draft[take_at(tokens, anchors + 2 + k)] for k in range(cfg.num_heads)],
                      axis=-1)                                                  # [B, M, K]
-  w = _at(labelled, anchors).astype(jnp.float32)                               # [B, M, K]
+  w = take_at(labelled, anchors).astype(jnp.float32)                               # [B, M, K]
   # fill anchors (past a row's labelled positions) repeat position n-1, which has no label
   ce = -jnp.take_along_axis(jax.nn.log_softmax(logits, -1), labels[..., None], -1)[..., 0]
   counts = w.sum((0, 1))                                                       # [K]
@@ -107,7 +107,7 @@ def medusa_task(target: Llama, draft_ids: np.ndarray, *, num_heads: int = 4, num
                        decay=decay)
 
   meta = dict(head=dataclasses.asdict(head.config), decay=decay,
-              draft_vocab_sha=_digest(np.asarray(head.draft_to_target[...])),
+              draft_vocab_sha=digest(np.asarray(head.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))
   task = Task(name="medusa", params=params, aux=(tweights, rest), loss=loss, meta=meta)
@@ -147,8 +147,8 @@ def rank_accuracy(head: MedusaHead, hidden: jax.Array, tokens: jax.Array, reply:
   cand = head.draft_to_target[...][idx]                                        # [B, N, K, R]
   out = np.zeros((k_heads, ranks))
   for k in range(k_heads):
-    nxt = _shift(tokens, 2 + k)                                                # [B, N]
-    ok = np.asarray(_shift(reply.astype(jnp.int32), 2 + k) > 0) & \
+    nxt = shift(tokens, 2 + k)                                                # [B, N]
+    ok = np.asarray(shift(reply.astype(jnp.int32), 2 + k) > 0) & \
         (np.arange(n)[None, :] + 2 + k < n)
     hit = np.asarray(cand[:, :, k] == nxt[:, :, None])                         # [B, N, R]
     out[k] = hit[ok].mean(0) if ok.any() else 0.0

@@ -5,7 +5,7 @@ acceptance-length estimate.
 
 Step k at anchor i consumes the step-(k-1) output (step 1: the target's final normed hidden h_i)
 with the ground-truth token t_{i+k} at position i+k-1 and predicts t_{i+k+1}. Its attention is
-EAGLE-3's training-time test (`jspec.train.eagle3._ttt_attend`): step 1's keys at positions <= i
+EAGLE-3's training-time test (`jspec.train.shared.ttt_attend`): step 1's keys at positions <= i
 plus the keys of steps 2..k at anchor i, exactly what drafting sees through the module's cache.
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.mtp import MTPConfig, MTPModule
-from jspec.train.eagle3 import _at, _digest, _shift, _ttt_attend
+from jspec.train.shared import digest, shift, take_at, ttt_attend
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -66,12 +66,12 @@ def mtp_forward(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, fina
   b, n = tokens.shape
   scale = module.config.head_dim ** -0.5
   pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
-  a, kv1 = module(final, embed[_at(tokens, pos + 1)], pos, _ttt_attend([], None, scale))
-  prev = module.shared_norm(_at(a, anchors), norm_scale)
+  a, kv1 = module(final, embed[take_at(tokens, pos + 1)], pos, ttt_attend([], None, scale))
+  prev = module.shared_norm(take_at(a, anchors), norm_scale)
   outs, kvs = [prev], [kv1]
   for k in range(2, steps + 1):
-    a, kv = module(prev, embed[_at(tokens, anchors + k)], anchors + k - 1,
-                   _ttt_attend(kvs, anchors, scale))
+    a, kv = module(prev, embed[take_at(tokens, anchors + k)], anchors + k - 1,
+                   ttt_attend(kvs, anchors, scale))
     kvs.append(kv)
     prev = module.shared_norm(a, norm_scale)
     outs.append(prev)
@@ -98,8 +98,8 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
   cfg = module.config
   in_vocab = jnp.zeros((cfg.vocab_size,), bool).at[module.draft_to_target[...]].set(True)
   pos = jnp.arange(n)[None, :]
-  labelled = [((pos + 1 + k) < length[:, None]) & (_shift(loss_mask, 1 + k) > 0)
-              & in_vocab[_shift(tokens, 1 + k)] for k in range(1, steps + 1)]   # [B, N] each
+  labelled = [((pos + 1 + k) < length[:, None]) & (shift(loss_mask, 1 + k) > 0)
+              & in_vocab[shift(tokens, 1 + k)] for k in range(1, steps + 1)]   # [B, N] each
   m = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda x: jnp.nonzero(x, size=m, fill_value=n - 1)[0])(
       jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, M]
@@ -108,8 +108,8 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for k, normed in enumerate(outs, start=1):
     logits = module.draft_logits(normed, rows)                                 # [B, M, Vd]
-    label_logits = _at(feats.target_logits, anchors + k)                       # position i+k
-    w = _at(labelled[k - 1], anchors).astype(jnp.float32)
+    label_logits = take_at(feats.target_logits, anchors + k)                       # position i+k
+    w = take_at(labelled[k - 1], anchors).astype(jnp.float32)
     ce = -jnp.sum(jax.nn.softmax(label_logits, -1) * jax.nn.log_softmax(logits, -1), -1)
     cnt = jnp.maximum(w.sum(), 1.0)
     losses.append(jnp.sum(ce * w) / cnt)
@@ -120,7 +120,7 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
     accepted.append(run)
   loss = jnp.sum(jnp.asarray(step_weights(steps, beta)) * jnp.stack(losses))
   # Greedy AL with D = steps over anchors where every step has a label: 1 + accepted run.
-  wf = _at(jnp.all(jnp.stack(labelled), axis=0), anchors).astype(jnp.float32)
+  wf = take_at(jnp.all(jnp.stack(labelled), axis=0), anchors).astype(jnp.float32)
   per_pos = jnp.stack([jnp.sum(r * wf) for r in accepted]) / jnp.maximum(wf.sum(), 1.0)
   metrics = dict(loss=loss, step_loss=jnp.stack(losses), step_acc=jnp.stack(accs),
                  step_count=jnp.stack(counts), accept_at=per_pos, al=1.0 + per_pos.sum(),
@@ -154,7 +154,7 @@ def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: floa
                     beta=beta)
 
   meta = dict(mtp=dataclasses.asdict(module.config), steps=steps, beta=beta,
-              draft_vocab_sha=_digest(np.asarray(module.draft_to_target[...])),
+              draft_vocab_sha=digest(np.asarray(module.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))
   task = Task(name="mtp", params=params, aux=(tweights, rest), loss=loss, meta=meta)

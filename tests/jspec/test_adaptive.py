@@ -220,11 +220,11 @@ def test_config_errors():
 
 
 def test_wrapper_passes_the_drafters_hooks_through():
-  from jspec.drafters.prediction import PredictionDrafter
-  from jspec.drafters.suffix import SuffixDrafter
+  from jspec.drafters.model_free.prediction import PredictionDrafter
+  from jspec.drafters.model_free.suffix import SuffixDrafter
   assert AdaptiveDrafter(PredictionDrafter(3, 1, 3)).make_request is not None
   assert AdaptiveDrafter(SuffixDrafter(3)).after_generate is not None
-  from jspec.drafters.ngram import NgramDrafter
+  from jspec.drafters.model_free.ngram import NgramDrafter
   w = AdaptiveDrafter(NgramDrafter(3))
   assert w.make_request is None and w.after_generate is None and w.num_extra == 0
   assert w.plain_block == 4 and AdaptiveDrafter(NgramDrafter(2), (0, 2)).plain_block == 3
@@ -234,7 +234,7 @@ def test_wrapper_passes_the_drafters_hooks_through():
 
 
 def test_calibrated_acceptance_is_the_starting_estimate(tiny):
-  from jspec.drafters.ngram import NgramDrafter
+  from jspec.drafters.model_free.ngram import NgramDrafter
   table = CostTable({1: {1: 1.0, 4: 1.2}}, acceptance=(0.9, 0.4))
   assert CostTable.from_dict(table.to_dict()) == table
   w = AdaptiveDrafter(NgramDrafter(3), (0, 1, 3))
@@ -321,7 +321,7 @@ def test_serial_drafters_explore_one_past_the_verified_length(tiny):
   round (and one in a plain round): forced to D = 1 with the target as its own draft model
   (every draft accepted), the estimate of position 2 moves only after exploring rounds, that of
   position 3 never."""
-  from jspec.drafters.ngram import NgramDrafter
+  from jspec.drafters.model_free.ngram import NgramDrafter
   w = AdaptiveDrafter(NgramDrafter(7))
   got = [[int(w.num_to_draft(jnp.int32(k), jnp.int32(r))) for r in range(1, 9)]
          for k in range(len(w.lengths))]
@@ -416,7 +416,7 @@ def test_rows_token_rates_follow_earlier_rounds():
   """observe folds each live row's tokens per unit of the verified length's cost into its rate
   (rate_decay); before any round the rate is the best AL / cost with every position proposed."""
   from jspec.adaptive import AdaptiveParams, AdaptiveState
-  from jspec.drafters.ngram import NgramDrafter
+  from jspec.drafters.model_free.ngram import NgramDrafter
   w = AdaptiveDrafter(NgramDrafter(3), lengths=(0, 1, 3))
   params = AdaptiveParams(None, jnp.asarray([[[3.3, 1.1, 1.4]]]), jnp.full((3,), 0.5),
                           jnp.zeros((1,)))

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, count_compiles
-from jspec.drafters import dflash_format
+from jspec.drafters.dflash import checkpoint as dflash_format
 from jspec.drafters.base import Context
 from jspec.drafters.dflash import DFlashConfig, DFlashDrafter, DFlashModule
 from jspec.drafters.dspark import DSparkDrafter, DSparkModule

@@ -8,7 +8,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles
 from jspec.drafters.base import Context
-from jspec.drafters.ngram import NgramDrafter
+from jspec.drafters.model_free.ngram import NgramDrafter
 from jspec.sampling import SamplingParams
 from models import Llama, LlamaConfig
 
@@ -161,7 +161,7 @@ def test_drafters_see_prompt_taps_and_committed_counts(tiny):
 
   import jax
 
-  from jspec.drafters.ngram import NgramDrafter
+  from jspec.drafters.model_free.ngram import NgramDrafter
   from models import KVCache
 
   @dc.dataclass(frozen=True)

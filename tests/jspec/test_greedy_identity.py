@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from jspec import Decoder, SpecDecoder
-from jspec.drafters import speculators_format
+from jspec.drafters import heads
 
 pytestmark = pytest.mark.slow
 
@@ -106,7 +106,7 @@ def plain(smollm, prompts):
 @pytest.fixture(scope="module")
 def eagle3_head(smollm):
   """The shipped head; where none is shipped, an untrained one (identity holds for any head)."""
-  if speculators_format.shipped(smollm.model.config) is not None:
+  if heads.shipped("eagle3", smollm.model.config) is not None:
     return None
   from jspec.train.eagle3 import init_head
   return init_head(smollm.model, np.arange(0, smollm.model.config.vocab_size, 6), seed=0)

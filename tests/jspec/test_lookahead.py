@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles, engine
-from jspec.drafters.lookahead import LookaheadDrafter, LookaheadState, _pool_add
+from jspec.drafters.model_free.lookahead import LookaheadDrafter, LookaheadState, _pool_add
 from models import KVCache, Llama, LlamaConfig
 
 

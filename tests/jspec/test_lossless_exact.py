@@ -51,9 +51,9 @@ _SLOTS = 8                                       # context buffer of the drafter
 @functools.lru_cache(maxsize=None)
 def _model_free_drafter(name, d):
   from jspec.drafters.base import Context
-  from jspec.drafters.lookahead import LookaheadDrafter
-  from jspec.drafters.prediction import Prediction, PredictionDrafter
-  from jspec.drafters.suffix import SuffixCache, SuffixDrafter, pack_cache
+  from jspec.drafters.model_free.lookahead import LookaheadDrafter
+  from jspec.drafters.model_free.prediction import Prediction, PredictionDrafter
+  from jspec.drafters.model_free.suffix import SuffixCache, SuffixDrafter, pack_cache
 
   def context(tokens, length):
     return Context(tokens=tokens, length=length, prompt_len=length,

@@ -12,7 +12,8 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles
-from jspec.drafters import medusa_format, registry
+from jspec.drafters import heads, registry
+from jspec.drafters.medusa import checkpoint as medusa_format
 from jspec.drafters.base import Context
 from jspec.drafters.medusa import MedusaConfig, MedusaDrafter, MedusaHead, MedusaOptions
 from jspec.sampling import SamplingParams
@@ -207,7 +208,7 @@ def test_registered_with_its_cli_flag():
   cfg = SpeculativeConfig.from_dict({"method": "medusa", "num_speculative_tokens": 3,
                                      "head": "/x", "draft_sampling": False})
   assert cfg.options == MedusaOptions(head="/x", draft_sampling=False)
-  shipped = medusa_format.shipped(LlamaConfig.smollm2_135m())
+  shipped = heads.shipped("medusa", LlamaConfig.smollm2_135m())
   assert shipped is not None and os.path.basename(shipped[0]) == "smollm2-135m-instruct-medusa"
 
 

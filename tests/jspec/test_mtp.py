@@ -15,9 +15,10 @@ from flax import nnx
 from safetensors.numpy import save_file
 
 from jspec import Decoder, SpecDecoder, count_compiles
-from jspec.drafters import mtp_format
+from jspec.drafters import heads
+from jspec.drafters.mtp import checkpoint as mtp_format
 from jspec.drafters.base import Context
-from jspec.drafters.eagle3 import cache_attend
+from jspec.drafters.shared import cache_attend
 from jspec.drafters.mtp import MTPConfig, MTPDrafter, MTPModule
 from jspec.sampling import SamplingParams
 from models import KVCache, Llama, LlamaConfig
@@ -273,7 +274,7 @@ def test_module_for_another_target_and_no_shipped_head(target):
 def test_shipped_module_on_the_default_model(smollm, chat_ids):
   """The shipped module drafts for SmolLM2-135M-Instruct: greedy output equals plain decoding up
   to the plain path's first near-tie (top-2 gap < 1e-4), and it accepts."""
-  if mtp_format.shipped(smollm.model.config) is None:
+  if heads.shipped("mtp", smollm.model.config) is None:
     pytest.skip("no MTP module is shipped for the default model")
   ref = Decoder(smollm.model).generate(chat_ids, max_new_tokens=32, eos=False)
   out = SpecDecoder(smollm.model, {"method": "mtp", "num_speculative_tokens": 3}).generate(

@@ -12,8 +12,8 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles
 from jspec.drafters.base import Context
-from jspec.drafters.ngram import NgramDrafter
-from jspec.drafters.prediction import Prediction, PredictionDrafter, PredictionState
+from jspec.drafters.model_free.ngram import NgramDrafter
+from jspec.drafters.model_free.prediction import Prediction, PredictionDrafter, PredictionState
 from jspec.sampling import SamplingParams
 from models import Llama, LlamaConfig
 

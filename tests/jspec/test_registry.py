@@ -10,7 +10,7 @@ from flax import nnx
 
 from jspec import SpecDecoder, SpeculativeConfig, cli
 from jspec.drafters import registry
-from jspec.drafters.ngram import NgramDrafter
+from jspec.drafters.model_free.ngram import NgramDrafter
 from models import Llama, LlamaConfig
 
 

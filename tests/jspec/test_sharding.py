@@ -66,7 +66,7 @@ def _child(which: str) -> dict:
                 "draft_model": ({"method": "draft_model", "num_speculative_tokens": 2}, "self")}
   else:
     import models as registry
-    from jspec.drafters import speculators_format
+    from jspec.drafters import heads
     smollm = registry.load()
     tok = smollm.tokenizer
     texts = ["Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",
@@ -75,7 +75,7 @@ def _child(which: str) -> dict:
                for t in texts]
     mesh_spec, new = "data=2,model=3", 12
     models = {"default": smollm.model}
-    assert speculators_format.shipped(smollm.model.config) is not None
+    assert heads.shipped("eagle3", smollm.model.config) is not None
     drafters = {"ngram": ({"method": "ngram", "num_speculative_tokens": 3}, None),
                 "eagle3": ({"method": "eagle3", "num_speculative_tokens": 3}, None)}
   mesh = sharding.parse_mesh(mesh_spec)

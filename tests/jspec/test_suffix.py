@@ -12,7 +12,8 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles
 from jspec.drafters.base import Context
-from jspec.drafters.suffix import SEP, SuffixCache, SuffixDrafter, pack_cache, unpack_cache
+from jspec.drafters.model_free.suffix import (SEP, SuffixCache, SuffixDrafter, pack_cache,
+                                              unpack_cache)
 from jspec.sampling import SamplingParams
 from models import Llama, LlamaConfig
 

@@ -12,8 +12,9 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, count_compiles
-from jspec.drafters import speculators_format as sf
-from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head, cache_attend
+from jspec.drafters.eagle3 import checkpoint as sf
+from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
+from jspec.drafters.shared import cache_attend
 from jspec.train import eagle3, trainer
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 from models import KVCache, Llama, LlamaConfig

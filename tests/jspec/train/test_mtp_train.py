@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from jspec import SpecDecoder
-from jspec.drafters.eagle3 import cache_attend
+from jspec.drafters.shared import cache_attend
 from jspec.drafters.mtp import MTPDrafter
 from jspec.train import features, mtp, trainer
 from jspec.train.data import TokenShards

@@ -16,7 +16,7 @@ import numpy as np
 
 from jspec.drafters import registry
 from jspec.drafters.base import Context, Draft
-from jspec.drafters.ngram import NgramDrafter, NgramOptions
+from jspec.drafters.model_free.ngram import NgramDrafter, NgramOptions
 
 
 @jax.tree_util.register_dataclass

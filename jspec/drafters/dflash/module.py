@@ -15,20 +15,15 @@ Training: `jspec/train/dflash.py`; head-folder I/O: `dflash_format.py`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft
-from jspec.drafters.eagle3 import DraftVocab
 from models.config import LlamaConfig
-from models.kv_cache import KVCache
-from models.llama import Block, Llama, RMSNorm, rope
-from pallas_kernels.verify_attention.reference import attend as reference_attend
-from pallas_kernels.verify_attention import attend_unwritten
+from models.llama import Block, RMSNorm, rope
+from jspec.drafters.shared import DraftVocab
 
 # attend(layer, q [B, T, Hq, Dh], k, v [B, T, KVH, Dh]) -> out [B, T, Hq, Dh]
 LayerAttend = Callable[[int, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -188,133 +183,3 @@ class DFlashModule(nnx.Module):
       return draft_logits
     full = jnp.full(draft_logits.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
     return full.at[..., self.draft_to_target[...]].set(draft_logits)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class DFlashState:
-  cache: KVCache     # per draft layer, the context's K/V at committed positions 0 .. length-2
-
-
-def _write_context(module: DFlashModule, cache: KVCache, taps, start: jax.Array,
-                   num_valid: jax.Array) -> KVCache:
-  """Writes the context K/V of the T positions start .. start+T-1 (taps [B, T, H] each) and sets
-  the lengths to start + num_valid."""
-  t = taps[0].shape[1]
-  positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  ks, vs = module.context_kv(module.context(taps), positions)
-  cache = cache.with_lengths(start)
-  for i, (k, v) in enumerate(zip(ks, vs)):
-    cache = cache.write(i, k, v)
-  return cache.with_lengths(start + num_valid)
-
-
-@dataclasses.dataclass(frozen=True)
-class DFlashDrafter:
-  """params: {"drafter": nnx.State of the module, "embed": the target's embedding [V, H], "head":
-  its LM-head rows of the draft vocabulary [Vd, H]}."""
-  graphdef: Any                       # nnx.GraphDef of the module (static)
-  num_draft: int
-  target_taps: tuple[int, ...]
-
-  @property
-  def block_size(self) -> int:
-    return self.num_draft + 1
-
-  @classmethod
-  def from_module(cls, module: DFlashModule, target: Llama, num_draft: int):
-    """Returns (drafter, params); checks that the module fits the target first."""
-    check_block(module.config, target.config, num_draft, "DFlash")
-    graphdef, state = nnx.split(module)
-    return cls(graphdef, num_draft, tuple(module.config.taps)), _params(module, state, target)
-
-  def backbone(self, params) -> DFlashModule:
-    return nnx.merge(self.graphdef, params["drafter"])
-
-  def init_state(self, params, prompt: jax.Array, ctx: Context, max_len: int) -> DFlashState:
-    module = self.backbone(params)
-    b = prompt.shape[0]
-    cache = KVCache.init(module.config.layer_config(), b, max_len,
-                         dtype=module.fc.kernel[...].dtype)
-    zeros = jnp.zeros((b,), jnp.int32)
-    return DFlashState(_write_context(module, cache, ctx.target_hidden, zeros, ctx.prompt_len))
-
-  def commit(self, params, state: DFlashState, ctx: Context) -> DFlashState:
-    """The verified block's taps become context at the committed positions (the block's first
-    position is the old length - 1)."""
-    n = ctx.num_new
-    start = ctx.length - n - 1
-    return DFlashState(_write_context(self.backbone(params), state.cache, ctx.target_hidden, start,
-                                      n))
-
-  def block_hidden(self, module: DFlashModule, params, state: DFlashState, ctx: Context,
-                   size: int) -> tuple[jax.Array, jax.Array]:
-    """One parallel pass over [anchor, MASK x (size-1)] at positions length-1 ...: returns (the
-    anchors [B], the normed hidden states [B, size, H])."""
-    cache = state.cache
-    b = ctx.length.shape[0]
-    start = ctx.length - 1
-    anchor = jnp.take_along_axis(ctx.tokens, start[:, None], axis=1)[:, 0]
-    tokens = jnp.concatenate([anchor[:, None], jnp.full((b, size - 1),
-                                                        module.config.mask_token_id, jnp.int32)],
-                             axis=1)
-    positions = start[:, None] + jnp.arange(size, dtype=jnp.int32)[None, :]
-    full = jnp.ones((b, size, size), bool)           # non-causal inside the block
-    window = module.config.sliding_window
-    if window:
-      slots = jnp.arange(cache.max_len)[None, None, :]
-      mask = jnp.concatenate([(slots < cache.lengths[:, None, None])
-                              & (slots > positions[:, :, None] - window), full], axis=2)
-
-    def attend(i, q, k, v):
-      if not window:
-        return attend_unwritten(q, cache.k[i], cache.v[i], cache.lengths, k, v, full)
-      return reference_attend(q, jnp.concatenate([cache.k[i], k.astype(cache.k[i].dtype)], 1),
-                              jnp.concatenate([cache.v[i], v.astype(cache.v[i].dtype)], 1), mask)
-
-    return anchor, module(params["embed"][tokens], positions, attend)
-
-  def propose(self, params, state: DFlashState, ctx: Context, key: jax.Array):
-    module = self.backbone(params)
-    _, h = self.block_hidden(module, params, state, ctx, self.block_size)
-    logits = module.target_logits(module.draft_logits(h[:, 1:], params["head"]))
-    return Draft(tokens=jnp.argmax(logits, axis=-1).astype(jnp.int32)), state
-
-
-def check_block(cfg: DFlashConfig, target: LlamaConfig, num_draft: int, name: str) -> None:
-  cfg.check_target(target, name)
-  if not 1 <= num_draft <= cfg.max_draft:
-    raise ValueError(f"num_speculative_tokens must be in [1, {cfg.max_draft}] for this {name} "
-                     f"head (trained on blocks of {cfg.block_size}), got {num_draft}")
-
-
-def _params(module: DFlashModule, state, target: Llama) -> dict:
-  """The drafter's params: its state, the target's embedding and LM-head rows of its vocabulary."""
-  cfg = module.config
-  full = cfg.draft_vocab_size == cfg.vocab_size
-  return {"drafter": state, "embed": target.embed.embedding[...],
-          "head": target.head_rows(None if full else module.draft_to_target[...])}
-
-
-@dataclasses.dataclass(frozen=True)
-class DFlashOptions:
-  head: str | None = None        # a DFlash head folder (`jspec train dflash`; default: the head
-                                 # shipped for the target, if there is one)
-
-
-def _build(opts: DFlashOptions, num_draft: int, target: Llama, draft_model=None):
-  from jspec.drafters import dflash_format
-
-  if isinstance(draft_model, DFlashModule):
-    module = draft_model
-  else:
-    module = dflash_format.load_for_target(opts.head, target, "dflash")
-  return DFlashDrafter.from_module(module, target, num_draft)
-
-
-registry.register(registry.Method(
-    "dflash", DFlashOptions, _build,
-    help="DFlash block drafter: one parallel pass drafts the block (greedy)",
-    cli_flags=(registry.CliFlag("--dflash-head", "head", str,
-                                "DFlash head folder (default: the shipped head for the default "
-                                "model)"),)))

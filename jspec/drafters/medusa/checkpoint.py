@@ -1,5 +1,5 @@
 """Medusa heads on disk (config.json + model.safetensors + checksums.json, in the layout of
-FasterDecoding/Medusa's checkpoints), plus the heads shipped with the package.
+FasterDecoding/Medusa's checkpoints).
 
 Weights use torch's [out, in] layout and Medusa's names: `medusa_head.{k}.{l}.linear.weight` /
 `.bias` for ResBlock l of head k and `medusa_head.{k}.{L}.weight` [Vd, H] for its LM head; the
@@ -16,32 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.medusa import MedusaConfig, MedusaHead
-from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError,
-                                               check_sums, find_shipped, target_shape,
-                                               write_head_files, read_d2t)
-from models.config import LlamaConfig
-
-# Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
-SHIPPED: list[tuple[dict, str, str]] = [
-    # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
-    (target_shape(LlamaConfig.smollm2_135m()),
-     "smollm2-135m-instruct-medusa",
-     "f6e7a8ff4ce79d163a88adc44fa94b9aade46b0374988e3e4a345b6b80d57c4e"),
-]
-
-
-def shipped(target: LlamaConfig) -> tuple[str, str] | None:
-  """(folder, weights sha256) of the Medusa head shipped for a target of this shape, if any."""
-  return find_shipped(SHIPPED, target)
-
-
-def shipped_head(target: LlamaConfig) -> str:
-  """The folder of the head shipped for `target`, or a clear error saying how to get one."""
-  if shipped(target) is not None:
-    return shipped(target)[0]
-  raise HeadLoadError("no Medusa head is shipped for this target model; pass one with "
-                      "head=PATH (--medusa-head PATH), e.g. one trained with `jspec train medusa`")
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+                                  write_head_files)
+from jspec.drafters.medusa.module import MedusaConfig, MedusaHead
 
 
 def _names(cfg: MedusaConfig):

@@ -1,12 +1,12 @@
 """EAGLE-3 heads in the speculators / vLLM checkpoint format (config.json + model.safetensors), so
-heads trained here load in vLLM and heads trained elsewhere draft here; plus the shipped heads.
+heads trained here load in vLLM and heads trained elsewhere draft here.
 
 Weights use torch's [out, in] layout and HF names (`fc.weight`, `layers.0.self_attn.q_proj.weight`,
 ..., `lm_head.weight`, `d2t` int64 offsets with target = draft + d2t[draft], `t2d` bool [V]); the
 target's embedding, final norm and head are never saved. A head drafting with the target's LM-head
 rows (config `"jspec_lm_head": "target"`, a jspec extension other readers do not know) has no
 `lm_head.weight`; the rows are taken from the target when the drafter is built. `checksums.json`
-(sha256 per file) is verified on load when present.
+(sha256 per file) is verified on load when present (jspec/drafters/heads.py).
 """
 
 from __future__ import annotations
@@ -18,30 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.eagle3 import LM_HEADS, Eagle3Config, Eagle3Head
-from models.config import LlamaConfig
+from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+                                  write_head_files)
+from jspec.io import check_writable
 
-WEIGHTS = "model.safetensors"
-CONFIG = "config.json"
-CHECKSUMS = "checksums.json"
 LM_HEAD_KEY = "jspec_lm_head"   # "target": the head drafts with the target's LM-head rows (unsaved)
-HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
-_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
-          "num_kv_heads", "head_dim")
-
-
-def target_shape(target: LlamaConfig) -> dict:
-  """The fields that identify a target for a shipped head (every learned drafter's list)."""
-  return {k: getattr(target, k) for k in _SHAPE}
-
-
-# Heads shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
-SHIPPED: list[tuple[dict, str, str]] = [
-    # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
-    (target_shape(LlamaConfig.smollm2_135m()),
-     "smollm2-135m-instruct-eagle3",
-     "2719daaa6a4fce260c6136923a90ff6347a89a3d6f6a2ae409bef2308e44bef6"),
-]
 
 _LINEAR = {   # HF name -> path in Eagle3Head (a [out, in] weight, stored [in, out] by nnx)
     "fc.weight": ("fc", "kernel"),
@@ -60,67 +42,6 @@ _NORM = {
     "layers.0.post_attention_layernorm.weight": ("post_attention_layernorm", "scale"),
     "norm.weight": ("norm", "scale"),
 }
-
-
-class HeadLoadError(ValueError):
-  """A head checkpoint that cannot be used (missing files, wrong shapes, wrong checksum)."""
-
-
-def find_shipped(entries, target: LlamaConfig) -> tuple[str, str] | None:
-  """(folder, weights sha256) of the entry in `entries` (a format's SHIPPED list) whose target
-  shape is `target`'s, if any."""
-  for shape, folder, sha in entries:
-    if all(getattr(target, k) == v for k, v in shape.items()):
-      return os.path.join(HEADS_DIR, folder), sha
-  return None
-
-
-def check_sums(folder: str, expected_sha256: str | None) -> None:
-  """Checks the folder's files against its checksums.json and the weights against
-  expected_sha256 (a shipped head's); raises HeadLoadError on a mismatch."""
-  from models.fetch import sha256_of
-
-  sums_path = os.path.join(folder, CHECKSUMS)
-  expected = {}
-  if os.path.isfile(sums_path):
-    with open(sums_path) as f:
-      expected = json.load(f)
-  if expected_sha256 is not None:
-    expected[WEIGHTS] = expected_sha256
-  for name, want in expected.items():
-    got = sha256_of(os.path.join(folder, name))
-    if got != want:
-      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
-                          "file is corrupt or was changed; restore or re-export the head")
-
-
-def read_d2t(tensors, wpath: str, draft_vocab_size: int, vocab_size: int) -> np.ndarray:
-  """The target ids of a head's draft vocabulary from its `d2t` offsets (target = draft +
-  d2t[draft]), checked: present, of the draft vocabulary's length, inside the target's vocabulary,
-  strictly increasing; HeadLoadError otherwise."""
-  if "d2t" not in tensors:
-    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
-  d2t = np.asarray(tensors["d2t"], np.int64)
-  if d2t.shape != (draft_vocab_size,):
-    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({draft_vocab_size},)")
-  ids = d2t + np.arange(draft_vocab_size)
-  if ids.min() < 0 or ids.max() >= vocab_size or np.any(np.diff(ids) <= 0):
-    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {vocab_size}) or not "
-                        "strictly increasing")
-  return ids
-
-
-def shipped(target: LlamaConfig) -> tuple[str, str] | None:
-  """(folder, weights sha256) of the head shipped for a target of this shape, if any."""
-  return find_shipped(SHIPPED, target)
-
-
-def shipped_head(target: LlamaConfig) -> str:
-  """The folder of the head shipped for `target`, or a clear error saying how to get one."""
-  if shipped(target) is not None:
-    return shipped(target)[0]
-  raise HeadLoadError("no EAGLE-3 head is shipped for this target model; pass one with "
-                      "head=PATH (--head PATH), e.g. one trained with `jspec train eagle3`")
 
 
 def _config_dict(cfg: Eagle3Config, num_draft: int, verifier: str) -> dict:
@@ -164,34 +85,10 @@ def _get(tree, path):
   return tree
 
 
-def write_head_files(folder: str, tensors: dict, config: dict, draft_to_target,
-                     vocab_size: int) -> dict:
-  """Writes a head folder: model.safetensors (tensors plus the draft-vocabulary maps `d2t`, the
-  offset of each draft id's target id, and `t2d`, the target ids in the vocabulary), config.json
-  and checksums.json, each atomically. Returns {file: sha256}."""
-  from safetensors.numpy import save
-
-  from jspec.io import atomic_write_bytes
-  from models.fetch import sha256_of
-
-  ids = np.asarray(draft_to_target, np.int64)
-  tensors = dict(tensors, d2t=ids - np.arange(len(ids), dtype=np.int64))
-  t2d = np.zeros((vocab_size,), bool)
-  t2d[ids] = True
-  tensors["t2d"] = t2d
-  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
-  atomic_write_bytes(os.path.join(folder, CONFIG), (json.dumps(config, indent=2) + "\n").encode())
-  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
-  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
-  return sums
-
-
 def save_eagle3(head: Eagle3Head, folder: str, *, dtype=jnp.bfloat16, num_draft: int = 3,
                 verifier: str = "") -> dict[str, str]:
   """Writes config.json, model.safetensors (weights cast to `dtype`) and checksums.json; each file
   atomically. Returns {file: sha256}."""
-
-  from jspec.io import check_writable
 
   os.makedirs(folder, exist_ok=True)
   check_writable(os.path.join(folder, WEIGHTS))

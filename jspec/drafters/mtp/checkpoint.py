@@ -21,43 +21,21 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.mtp import MTPConfig, MTPModule
-from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError,
-                                               check_sums, find_shipped, target_shape,
-                                               write_head_files, read_d2t)
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+                                  write_head_files)
+from jspec.drafters.mtp.module import MTPConfig, MTPModule
 from models.config import LlamaConfig
-from models.weights import _IN_LAYER
+from models.weights import IN_LAYER
 
-# Modules shipped with the package: (the target's shape, folder under jspec/heads, weights sha256).
-SHIPPED: list[tuple[dict, str, str]] = [
-    # SmolLM2-135M-Instruct; recipe, budget and measurements in benchmarks/REPORT.md
-    (target_shape(LlamaConfig.smollm2_135m()),
-     "smollm2-135m-instruct-mtp",
-     "59015d77d97acec6b404568fd5faa2a17dcc78db0819a45e2a7c03364dd13e7d"),
-]
 
 _OWN = {"enorm.weight": ("enorm", "scale"), "hnorm.weight": ("hnorm", "scale"),
         "eh_proj.weight": ("eh_proj", "kernel"),
         "shared_head.norm.weight": ("head_norm", "scale")}
-_DENSE = {name: ("block",) + path for name, path in _IN_LAYER.items()
+_DENSE = {name: ("block",) + path for name, path in IN_LAYER.items()
           if name.startswith(("self_attn.", "input_layernorm", "post_attention_layernorm",
                               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"))}
 NAMES = {**_OWN, **_DENSE}          # HF name (relative to the layer) -> path in MTPModule
 SHARED = ("shared_head.head.weight", "embed_tokens.weight")   # the target's; never read
-
-
-def shipped(target: LlamaConfig) -> tuple[str, str] | None:
-  """(folder, weights sha256) of the MTP module shipped for a target of this shape, if any."""
-  return find_shipped(SHIPPED, target)
-
-
-def shipped_head(target: LlamaConfig) -> str:
-  """The folder of the module shipped for `target`, or a clear error saying how to get one."""
-  if shipped(target) is not None:
-    return shipped(target)[0]
-  raise HeadLoadError("no MTP module is shipped for this target model; pass one with "
-                      "head=PATH (--mtp-head PATH), e.g. one trained with `jspec train mtp`, or "
-                      "checkpoint=FOLDER (--mtp-checkpoint) for a checkpoint with MTP layers")
 
 
 def to_tensors(module: MTPModule, *, prefix: str = "", dtype=jnp.bfloat16) -> dict[str, np.ndarray]:

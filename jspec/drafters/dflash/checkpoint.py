@@ -1,5 +1,5 @@
 """DFlash and DSpark head folders in the speculators layout (config.json + model.safetensors +
-checksums.json), plus the heads shipped with the package.
+checksums.json).
 
 config.json follows speculators' `DFlashSpeculatorConfig` keys (`speculators_model_type` "dflash"
 or "dspark", `block_size`, `draft_vocab_size`, `target_hidden_size`, `aux_hidden_state_layer_ids` in
@@ -21,20 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.dflash import DFlashConfig, DFlashModule
-from jspec.drafters.speculators_format import (CONFIG, WEIGHTS, HeadLoadError, check_sums,
-                                               find_shipped, read_d2t, target_shape,
-                                               write_head_files)
-from models.config import LlamaConfig
-
-# Heads shipped with the package: (kind, the target's shape, folder under jspec/heads, sha256).
-# SmolLM2-135M-Instruct; recipes, budgets and measurements in benchmarks/REPORT.md
-SHIPPED: list[tuple[str, dict, str, str]] = [
-    ("dflash", target_shape(LlamaConfig.smollm2_135m()), "smollm2-135m-instruct-dflash",
-     "0c890ae8470bdfce1828636e88f28ff7c86c499d6bd5095688c2c2409a7e24bc"),
-    ("dspark", target_shape(LlamaConfig.smollm2_135m()), "smollm2-135m-instruct-dspark",
-     "e83c8b1e0a506e050cde0fd54a3e6ba2b2017e1d024b5ec59eb156b402cf6c11"),
-]
+from jspec.drafters import heads
+from jspec.drafters.dflash.module import DFlashConfig, DFlashModule
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+                                  write_head_files)
+from jspec.io import check_writable
 
 _RENAME = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
            "attn": "self_attn", "markov_embed": "markov_head.W1", "markov_proj": "markov_head.W2",
@@ -42,11 +33,13 @@ _RENAME = {"input_norm": "input_layernorm", "post_attn_norm": "post_attention_la
 _LEAF = {"kernel": "weight", "scale": "weight", "embedding": "weight", "bias": "bias"}
 
 
-def _module_class(kind: str):
-  if kind == "dspark":
-    from jspec.drafters.dspark import DSparkModule
-    return DSparkModule
-  return DFlashModule
+# The module class of each kind (DSpark's registers itself: jspec/drafters/dspark/__init__.py).
+_MODULES: dict[str, type] = {"dflash": DFlashModule}
+
+
+def register_module(kind: str, cls: type) -> None:
+  """Makes `load(folder, kind)` build `cls` for heads whose speculators_model_type is `kind`."""
+  _MODULES[kind] = cls
 
 
 def hf_name(path: tuple) -> str:
@@ -55,21 +48,11 @@ def hf_name(path: tuple) -> str:
   return ".".join([_RENAME.get(str(p), str(p)) for p in parts[:-1]] + [_LEAF[parts[-1]]])
 
 
-def shipped(kind: str, target: LlamaConfig) -> tuple[str, str] | None:
-  """(folder, weights sha256) of the `kind` head shipped for a target of this shape, if any."""
-  return find_shipped([(s, f, h) for k, s, f, h in SHIPPED if k == kind], target)
-
-
 def load_for_target(folder: str | None, target, kind: str):
   """The head in `folder` (default: the one shipped for the target) in the target's dtype."""
   sha = None
   if folder is None:
-    found = shipped(kind, target.config)
-    if found is None:
-      raise HeadLoadError(f"no {kind} head is shipped for this target model; pass one with "
-                          f"head=PATH (--{kind}-head PATH), e.g. one trained with "
-                          f"`jspec train {kind}`")
-    folder, sha = found
+    folder, sha = heads.shipped_head(kind, target.config)
   dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
   return load(folder, kind, dtype=dtype, expected_sha256=sha)
 
@@ -111,8 +94,6 @@ def _config_dict(cfg: DFlashConfig, kind: str, verifier: str) -> dict:
 
 def save(module, folder: str, *, dtype=jnp.bfloat16, verifier: str = "") -> dict[str, str]:
   """Writes a DFlash or DSpark head folder (weights cast to `dtype`); returns {file: sha256}."""
-  from jspec.io import check_writable
-
   os.makedirs(folder, exist_ok=True)
   check_writable(os.path.join(folder, WEIGHTS))
   cfg = module.config
@@ -185,7 +166,7 @@ def load(folder: str, kind: str, *, dtype=jnp.float32, expected_sha256: str | No
   except Exception as e:   # safetensors raises its own error types for a malformed file
     raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
   ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
-  cls = _module_class(kind)
+  cls = _MODULES[kind]
   graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cls(cfg, dtype=dtype)))
   filled = []
   for path, var in nnx.to_flat_state(abstract):

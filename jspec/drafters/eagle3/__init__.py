@@ -1,0 +1,59 @@
+"""EAGLE-3: the head (module.py), its drafter (drafter.py), its speculators-format folder
+(checkpoint.py); options, build and registration here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+from flax import nnx
+
+from jspec.drafters import heads, registry
+from jspec.drafters.eagle3.checkpoint import load_eagle3, read_config, save_eagle3
+from jspec.drafters.eagle3.drafter import Eagle3Drafter, Eagle3State
+from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head, attach_target_rows
+from models.llama import Llama
+
+__all__ = ["LM_HEADS", "Eagle3Config", "Eagle3Drafter", "Eagle3Head", "Eagle3Options",
+           "Eagle3State", "attach_target_rows", "load_eagle3", "read_config", "save_eagle3"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Options:
+  head: str | None = None        # a speculators-format folder (default: the head shipped for
+                                 # the target, if there is one)
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax (chains)
+  tree_top_k: int = 0            # > 0: EAGLE-2 dynamic trees: top-k children per node, the
+  tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
+
+  def __post_init__(self):
+    if (self.tree_top_k > 0) != (self.tree_depth > 0) or self.tree_top_k < 0 or \
+        self.tree_depth < 0:
+      raise ValueError(f"EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1 (or neither: "
+                       f"a chain), got tree_top_k={self.tree_top_k}, tree_depth={self.tree_depth}")
+
+
+def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None):
+  if isinstance(draft_model, Eagle3Head):
+    head = draft_model
+  else:
+    path, sha = opts.head, None
+    if path is None:
+      path, sha = heads.shipped_head("eagle3", target.config)
+    dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
+    head = load_eagle3(path, dtype=dtype, expected_sha256=sha)
+  return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling,
+                                 tree_top_k=opts.tree_top_k, tree_depth=opts.tree_depth)
+
+
+registry.register(registry.Method(
+    "eagle3", Eagle3Options, _build,
+    help="EAGLE-3 head over the target's hidden states (chain)",
+    cli_flags=(registry.CliFlag("--head", "head", str,
+                                "EAGLE-3 head folder (speculators format; default: the shipped "
+                                "head for the default model)"),
+               registry.CliFlag("--tree-top-k", "tree_top_k", int,
+                                "EAGLE-2 dynamic tree: children per node (0 = chain); "
+                                "--num-draft is then the node budget"),
+               registry.CliFlag("--tree-depth", "tree_depth", int,
+                                "EAGLE-2 dynamic tree: depth"))))

@@ -1,0 +1,136 @@
+"""Head folders shared by every learned drafter: the layout (config.json + model.safetensors +
+checksums.json, weights in torch's [out, in] layout with HF names), the checks made on load, the
+draft-vocabulary maps, and the one manifest of heads shipped with the package.
+
+Each method's own format (its config keys and tensor names) lives in `<method>/checkpoint.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from jspec.io import atomic_write_bytes
+from models.config import LlamaConfig
+from models.fetch import sha256_of
+
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+CHECKSUMS = "checksums.json"
+HEADS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "heads")
+_SHAPE = ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim")
+
+
+class HeadLoadError(ValueError):
+  """A head checkpoint that cannot be used (missing files, wrong shapes, wrong checksum)."""
+
+
+def target_shape(target: LlamaConfig) -> dict:
+  """The fields that identify a target for a shipped head."""
+  return {k: getattr(target, k) for k in _SHAPE}
+
+
+_SMOLLM2_135M = target_shape(LlamaConfig.smollm2_135m())
+
+# Heads shipped with the package: (method, the target's shape, folder under jspec/heads, weights
+# sha256). SmolLM2-135M-Instruct; recipes, budgets and measurements in docs/training.md and
+# benchmarks/REPORT.md.
+SHIPPED: list[tuple[str, dict, str, str]] = [
+    ("eagle3", _SMOLLM2_135M, "smollm2-135m-instruct-eagle3",
+     "2719daaa6a4fce260c6136923a90ff6347a89a3d6f6a2ae409bef2308e44bef6"),
+    ("medusa", _SMOLLM2_135M, "smollm2-135m-instruct-medusa",
+     "f6e7a8ff4ce79d163a88adc44fa94b9aade46b0374988e3e4a345b6b80d57c4e"),
+    ("mtp", _SMOLLM2_135M, "smollm2-135m-instruct-mtp",
+     "59015d77d97acec6b404568fd5faa2a17dcc78db0819a45e2a7c03364dd13e7d"),
+    ("dflash", _SMOLLM2_135M, "smollm2-135m-instruct-dflash",
+     "0c890ae8470bdfce1828636e88f28ff7c86c499d6bd5095688c2c2409a7e24bc"),
+    ("dspark", _SMOLLM2_135M, "smollm2-135m-instruct-dspark",
+     "e83c8b1e0a506e050cde0fd54a3e6ba2b2017e1d024b5ec59eb156b402cf6c11"),
+]
+
+# What to pass when no head is shipped for a target: method -> the sentence's end.
+_HOW = {
+    "eagle3": ("EAGLE-3 head", "head=PATH (--head PATH), e.g. one trained with `jspec train "
+               "eagle3`"),
+    "medusa": ("Medusa head", "head=PATH (--medusa-head PATH), e.g. one trained with `jspec "
+               "train medusa`"),
+    "mtp": ("MTP module", "head=PATH (--mtp-head PATH), e.g. one trained with `jspec train mtp`, "
+            "or checkpoint=FOLDER (--mtp-checkpoint) for a checkpoint with MTP layers"),
+    "dflash": ("dflash head", "head=PATH (--dflash-head PATH), e.g. one trained with `jspec "
+               "train dflash`"),
+    "dspark": ("dspark head", "head=PATH (--dspark-head PATH), e.g. one trained with `jspec "
+               "train dspark`"),
+}
+
+
+def shipped(method: str, target: LlamaConfig) -> tuple[str, str] | None:
+  """(folder, weights sha256) of the `method` head shipped for a target of this shape, if any."""
+  for kind, shape, folder, sha in SHIPPED:
+    if kind == method and all(getattr(target, k) == v for k, v in shape.items()):
+      return os.path.join(HEADS_DIR, folder), sha
+  return None
+
+
+def shipped_head(method: str, target: LlamaConfig) -> tuple[str, str]:
+  """(folder, weights sha256) of the head shipped for `target`, or a clear error saying how to
+  get one."""
+  found = shipped(method, target)
+  if found is None:
+    what, how = _HOW[method]
+    raise HeadLoadError(f"no {what} is shipped for this target model; pass one with {how}")
+  return found
+
+
+def check_sums(folder: str, expected_sha256: str | None) -> None:
+  """Checks the folder's files against its checksums.json and the weights against
+  expected_sha256 (a shipped head's); raises HeadLoadError on a mismatch."""
+  sums_path = os.path.join(folder, CHECKSUMS)
+  expected = {}
+  if os.path.isfile(sums_path):
+    with open(sums_path) as f:
+      expected = json.load(f)
+  if expected_sha256 is not None:
+    expected[WEIGHTS] = expected_sha256
+  for name, want in expected.items():
+    got = sha256_of(os.path.join(folder, name))
+    if got != want:
+      raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
+                          "file is corrupt or was changed; restore or re-export the head")
+
+
+def read_d2t(tensors, wpath: str, draft_vocab_size: int, vocab_size: int) -> np.ndarray:
+  """The target ids of a head's draft vocabulary from its `d2t` offsets (target = draft +
+  d2t[draft]), checked: present, of the draft vocabulary's length, inside the target's vocabulary,
+  strictly increasing; HeadLoadError otherwise."""
+  if "d2t" not in tensors:
+    raise HeadLoadError(f"{wpath} lacks tensor 'd2t' (the draft-to-target vocabulary offsets)")
+  d2t = np.asarray(tensors["d2t"], np.int64)
+  if d2t.shape != (draft_vocab_size,):
+    raise HeadLoadError(f"{wpath}: d2t has shape {d2t.shape}, expected ({draft_vocab_size},)")
+  ids = d2t + np.arange(draft_vocab_size)
+  if ids.min() < 0 or ids.max() >= vocab_size or np.any(np.diff(ids) <= 0):
+    raise HeadLoadError(f"{wpath}: d2t maps to target ids outside [0, {vocab_size}) or not "
+                        "strictly increasing")
+  return ids
+
+
+def write_head_files(folder: str, tensors: dict, config: dict, draft_to_target,
+                     vocab_size: int) -> dict:
+  """Writes a head folder: model.safetensors (tensors plus the draft-vocabulary maps `d2t`, the
+  offset of each draft id's target id, and `t2d`, the target ids in the vocabulary), config.json
+  and checksums.json, each atomically. Returns {file: sha256}."""
+  from safetensors.numpy import save
+
+  ids = np.asarray(draft_to_target, np.int64)
+  tensors = dict(tensors, d2t=ids - np.arange(len(ids), dtype=np.int64))
+  t2d = np.zeros((vocab_size,), bool)
+  t2d[ids] = True
+  tensors["t2d"] = t2d
+  atomic_write_bytes(os.path.join(folder, WEIGHTS), save(tensors))
+  atomic_write_bytes(os.path.join(folder, CONFIG), (json.dumps(config, indent=2) + "\n").encode())
+  sums = {f: sha256_of(os.path.join(folder, f)) for f in (CONFIG, WEIGHTS)}
+  atomic_write_bytes(os.path.join(folder, CHECKSUMS), (json.dumps(sums, indent=2) + "\n").encode())
+  return sums

@@ -1,0 +1,91 @@
+"""Medusa (chain): K heads over the target's final normed hidden state at the last verified
+position; head k proposes the token k+2 positions ahead, so a round's D <= K drafts come at once.
+
+Head k = num_layers x ResBlock (x + SiLU(W x + b), W zero-initialised: identity at init) then a
+draft-vocabulary LM head (Medusa, arXiv 2401.10774). Each head's distribution depends only on the
+target's hidden state, never on earlier drafts, so a sampled draft records its exact q.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import LlamaConfig
+from jspec.drafters.shared import DraftVocab
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaConfig:
+  hidden_size: int              # H (= the target's: the heads read its final hidden state)
+  vocab_size: int               # the target's vocabulary
+  draft_vocab_size: int         # Vd, the tokens a head can propose
+  num_heads: int = 4            # K: head k predicts the token k+2 after its input position
+  num_layers: int = 1           # ResBlocks per head
+
+  def __post_init__(self):
+    for name in ("hidden_size", "vocab_size", "num_heads", "num_layers"):
+      v = getattr(self, name)
+      if not isinstance(v, int) or v < 1:
+        raise ValueError(f"Medusa {name} must be an integer >= 1, got {v!r}")
+    if not 1 <= self.draft_vocab_size <= self.vocab_size:
+      raise ValueError(f"draft_vocab_size must be in [1, {self.vocab_size}] (the target's "
+                       f"vocabulary), got {self.draft_vocab_size}")
+
+  @classmethod
+  def for_target(cls, target: LlamaConfig, *, draft_vocab_size: int | None = None,
+                 num_heads: int = 4, num_layers: int = 1) -> "MedusaConfig":
+    return cls(hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+               draft_vocab_size=draft_vocab_size or target.vocab_size, num_heads=num_heads,
+               num_layers=num_layers)
+
+  def check_target(self, target: LlamaConfig) -> None:
+    """Raises a clear error if these heads cannot draft for `target`."""
+    if self.hidden_size != target.hidden_size:
+      raise ValueError(f"Medusa head hidden size {self.hidden_size} differs from the target's "
+                       f"{target.hidden_size}: the head was trained for another model; train one "
+                       "for this target with `jspec train medusa`")
+    if self.vocab_size != target.vocab_size:
+      raise ValueError(f"Medusa head vocabulary {self.vocab_size} differs from the target's "
+                       f"{target.vocab_size}: the head was trained for another model; train one "
+                       "for this target with `jspec train medusa`")
+
+
+class MedusaHead(nnx.Module):
+  """All K heads, stacked: one einsum per ResBlock layer and one for the LM heads."""
+
+  def __init__(self, cfg: MedusaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
+    rngs = rngs if rngs is not None else nnx.Rngs(0)
+    k, n, h, vd = cfg.num_heads, cfg.num_layers, cfg.hidden_size, cfg.draft_vocab_size
+    self.config = cfg
+    self.res_kernel = nnx.Param(jnp.zeros((k, n, h, h), dtype))     # [K, L, H_in, H_out]
+    self.res_bias = nnx.Param(jnp.zeros((k, n, h), dtype))          # [K, L, H]
+    init = nnx.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+    self.lm_head = nnx.Param(init(rngs.params(), (k, h, vd), dtype))  # [K, H, Vd]
+    self.draft_to_target = DraftVocab(jnp.arange(vd, dtype=jnp.int32))
+
+  def __call__(self, hidden: jax.Array, num_heads: int | None = None) -> jax.Array:
+    """hidden [..., H] (the target's final normed hidden state) -> draft logits [..., K', Vd]
+    float32 of the first K' = num_heads heads (default all)."""
+    k = self.config.num_heads if num_heads is None else num_heads
+    w, b, lm = self.res_kernel[...][:k], self.res_bias[...][:k], self.lm_head[...][:k]
+    x = jnp.broadcast_to(hidden.astype(w.dtype)[..., None, :],
+                         hidden.shape[:-1] + (k, hidden.shape[-1]))           # [..., K', H]
+    for layer in range(self.config.num_layers):
+      x = x + jax.nn.silu(jnp.einsum("...kh,kho->...ko", x, w[:, layer]) + b[:, layer])
+    return jnp.einsum("...kh,khv->...kv", x, lm, preferred_element_type=jnp.float32)
+
+  def target_logits(self, draft_logits: jax.Array) -> jax.Array:
+    """[..., Vd] -> [..., V] with -inf outside the draft vocabulary."""
+    full = jnp.full(draft_logits.shape[:-1] + (self.config.vocab_size,), -jnp.inf, jnp.float32)
+    return full.at[..., self.draft_to_target[...]].set(draft_logits)
+
+
+def final_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """The target's final RMSNorm (models.llama.RMSNorm) on its last-layer tap, in float32."""
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale.astype(
+      jnp.float32)
