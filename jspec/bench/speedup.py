@@ -8,7 +8,6 @@ category "all".
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -17,11 +16,12 @@ from collections import defaultdict
 import jax
 
 from jspec.bench import cost_model, plain, stats
-from jspec.bench.components import time_draft, time_verify
-from jspec.bench.suite import Prompt
+from jspec.cli_args import parse_drafter
 from jspec.config import SpeculativeConfig
 from jspec.decode import Decoder, bucket
+from jspec.prompt_suite import Prompt
 from jspec.spec_decode import SpecDecoder
+from jspec.timing import measure_bandwidth, time_draft, time_verify
 
 SCHEMA = "jspec.bench/1"
 # name -> (type, meaning). The JSON's stable contract; tests check every record against it.
@@ -59,22 +59,6 @@ RECORD_FIELDS = {
     "baseline_fraction_of_roofline": (float, "plain step rate B/T(1) over the bandwidth roofline"),
     "same_as_plain": ((bool, type(None)), "greedy: every output equals plain decoding; else null"),
 }
-
-
-def parse_drafter(spec: str) -> tuple[str, dict]:
-  """A drafter variant: "eagle3:tree_top_k=3:tree_depth=4" -> ("eagle3", {"tree_top_k": 3,
-  "tree_depth": 4}); values are JSON where they parse (numbers, true/false), text otherwise."""
-  method, *pairs = spec.split(":")
-  over = {}
-  for pair in pairs:
-    key, sep, value = pair.partition("=")
-    if not sep or not key:
-      raise ValueError(f"drafter variant {spec!r}: write method:key=value[:key=value...]")
-    try:
-      over[key] = json.loads(value)
-    except json.JSONDecodeError:
-      over[key] = value
-  return method, over
 
 
 def spec_config(drafter: str, d: int, options: dict | None = None) -> SpeculativeConfig:
@@ -205,7 +189,7 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
   plan = {b: {cat: batches(rows, b) for cat, rows in by_cat.items()} for b in batch_sizes}
   total = sum(len(bs) for per_b in plan.values() for bs in per_b.values()) * repeats * (1 + len(configs))
   bar = tqdm(total=total, desc="jspec bench", unit="run", file=sys.stderr, disable=not progress)
-  bandwidths = [plain.measure_bandwidth(repeats=3)]
+  bandwidths = [measure_bandwidth(repeats=3)]
   accs, parts, timed = {}, {}, {}
   for b in batch_sizes:
     first = next(iter(plan[b].values()))[0]
@@ -214,7 +198,7 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
     for c in configs:
       specs[c].generate(ids, seed=seed, **kw)
       specs[c].reset_drafter()          # the warm-up's outputs join no suffix cache
-    bandwidths.append(plain.measure_bandwidth(repeats=3))
+    bandwidths.append(measure_bandwidth(repeats=3))
     for cat, bs in plan[b].items():
       for i, batch in enumerate(bs):
         ids = [r[1] for r in batch]
