@@ -9,114 +9,12 @@ import signal
 import sys
 import tempfile
 
-
-def _load(name: str):
-  import models
-  try:
-    return models.load(name)
-  except models.ModelLoadError as e:
-    sys.exit(f"jspec: {e}")
-
-
-def _at_least_1(args, *flags: str) -> None:
-  """Counts are checked as Python ints before the model loads (no int32 wrap, no wasted load)."""
-  for flag in flags:
-    value = getattr(args, flag.lstrip("-").replace("-", "_"))
-    if value is not None and value < 1:
-      sys.exit(f"jspec: {flag} must be >= 1, got {value}")
-
-
-def _check_context(loaded, conversations, max_new: int) -> None:
-  """Right after the load, before any work: the longest prompt + --max-new-tokens must fit."""
-  tok = loaded.tokenizer
-  longest = max(len(tok.encode(tok.apply_chat_template(list(m)))) for m in conversations)
-  limit = loaded.model.config.max_position
-  if longest + max_new > limit:
-    sys.exit(f"jspec: the longest prompt ({longest} tokens) + --max-new-tokens ({max_new}) exceeds "
-             f"the model's context of {limit}; " + (
-                 f"lower --max-new-tokens to at most {limit - longest}" if longest < limit
-                 else "use shorter prompts"))
-
-
-def _check_outputs(args, files=(), folder=None, names=()) -> None:
-  """Every file the command will write is checked before any work: `files`, and `names` inside
-  `folder` (created if missing). Remembered in args.outputs for the interrupt message."""
-  from jspec.io import check_writable
-  try:
-    args.outputs = [check_writable(p) for p in files if p]
-    if folder:
-      for name in names:
-        check_writable(os.path.join(folder, name), create_folder=True)
-      args.outputs.append(os.path.join(os.path.abspath(folder), ""))
-  except ValueError as e:
-    sys.exit(f"jspec: {e}")
-
-
-def _save_text(args, path: str, text: str) -> bool:
-  """Writes `text` atomically; on failure says why and returns False (the caller keeps going so
-  that the rest of the report is not lost)."""
-  from jspec.io import atomic_write_text
-  try:
-    atomic_write_text(path, text)
-  except OSError as e:
-    print(f"jspec: could not write {path}: {e.strerror or e}", file=sys.stderr)
-    return False
-  args.saved.append(os.path.abspath(path))
-  return True
+from jspec import cli_args
 
 
 def _drafter_names() -> list[str]:
   from jspec.drafters import registry
   return sorted(m.cli_name for m in registry.methods().values())
-
-
-def _add_drafter_flags(parser) -> None:
-  """Every registered method's own flags (e.g. --ngram-max, --draft-layers, --head)."""
-  from jspec.drafters import registry
-
-  seen = set()
-  for entry in registry.methods().values():
-    for f in entry.cli_flags:
-      if f.flag not in seen:
-        seen.add(f.flag)
-        parser.add_argument(f.flag, type=f.type, default=None,
-                            help=f"{f.help} [{entry.cli_name}]")
-
-
-def _spec_config(drafter: str, num_draft: int | str | None, args):
-  """The SpeculativeConfig for one drafter, with the flags its registry entry declares; num_draft
-  None (`generate`'s default): "auto" for chains, 3 where the draft is not a chain of lengths the
-  round may cut (see `_default_num_draft`)."""
-  from jspec.config import SpeculativeConfig
-  from jspec.drafters import registry
-
-  from jspec.bench.speedup import parse_drafter
-
-  method, over = parse_drafter(drafter)
-  entry = registry.get(method)
-  cfg = dict(method=entry.name, num_speculative_tokens=num_draft)
-  for f in entry.cli_flags:
-    value = getattr(args, f.flag.lstrip("-").replace("-", "_"), None)
-    if value is not None:
-      cfg[f.field] = value
-  cfg.update(over)
-  if entry.name == "draft_model" and "draft_model" not in cfg:
-    cfg["draft_model"] = args.model      # the target as its own draft
-  if num_draft is None:
-    cfg["num_speculative_tokens"] = _default_num_draft(SpeculativeConfig.from_dict(
-        {**cfg, "num_speculative_tokens": 3}))
-  return SpeculativeConfig.from_dict(cfg)
-
-
-def _default_num_draft(config) -> int | str:
-  """`generate`'s default draft length: "auto" (the adaptive length), except a fixed 3 for trees
-  (num_speculative_tokens is their node budget), DSpark's confidence schedule (it picks its own
-  verify widths) and Medusa (one draft per head: the shipped head has 4, fewer than auto's 7)."""
-  opts = config.options
-  if (getattr(opts, "tree_top_k", 0) or getattr(opts, "tree_choices", None)
-      or getattr(opts, "confidence_schedule", False) or config.method == "medusa"):
-    return 3
-  return "auto"
 
 
 def _compilation_cache() -> None:
@@ -138,7 +36,7 @@ def cmd_generate(args) -> None:
 
   if not args.prompt.strip():
     sys.exit("jspec: the prompt is empty; pass some text to continue")
-  _at_least_1(args, "--max-new-tokens")
+  cli_args.at_least_1(args, "--max-new-tokens")
   try:
     check_text(args.prompt, "the prompt")
     if args.system is not None:
@@ -154,8 +52,8 @@ def cmd_generate(args) -> None:
       args.drafter, args.num_draft = drafter.replace("_", "-"), str(d)
   try:   # validate everything cheap before loading a model
     SamplingParams.make(1, args.temperature, args.top_k, args.top_p)
-    num_draft, = _draft_lengths(args.num_draft) if args.num_draft is not None else (None,)
-    spec = _spec_config(args.drafter, num_draft, args) if args.drafter != "none" else None
+    num_draft, = cli_args.draft_lengths(args.num_draft) if args.num_draft is not None else (None,)
+    spec = cli_args.spec_config(args.drafter, num_draft, args) if args.drafter != "none" else None
     if args.plan and spec is not None:
       from jspec.adaptive import CostTable
       CostTable.load(args.plan, spec.method)
@@ -165,7 +63,7 @@ def cmd_generate(args) -> None:
       mesh = parse_mesh(args.mesh)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
-  loaded = _load(args.model)
+  loaded = cli_args.load_model(args.model)
   tok = loaded.tokenizer
   try:
     if args.raw:
@@ -187,7 +85,8 @@ def cmd_generate(args) -> None:
     base = out = plain.generate([ids], **kw)
     if spec is not None:
       from jspec.spec_decode import SpecDecoder
-      draft = _load(spec.options.draft_model).model if spec.method == "draft_model" else None
+      draft = (cli_args.load_model(spec.options.draft_model).model
+               if spec.method == "draft_model" else None)
       spec_kw = {} if spec.method != "prediction" else dict(prediction=[prediction])
       sd = SpecDecoder(loaded.model, spec, draft_model=draft, eos_ids=tok.eos_ids,
                        tokenizer=tok, cost_table=args.plan, mesh=mesh)
@@ -249,72 +148,44 @@ def _read_prediction(args) -> str | None:
 def cmd_bench_decode(args) -> None:
   from jspec.bench import plain
 
-  sizes = _ints(args.batch_sizes, "--batch-sizes")
-  _at_least_1(args, "--max-new-tokens", "--repeats")
-  _check_outputs(args, [args.json])
-  loaded = _load(args.model)
-  _check_context(loaded, [[{"role": "user", "content": p}] for p in plain.PROMPTS],
+  sizes = cli_args.ints(args.batch_sizes, "--batch-sizes")
+  cli_args.at_least_1(args, "--max-new-tokens", "--repeats")
+  cli_args.check_outputs(args, [args.json])
+  loaded = cli_args.load_model(args.model)
+  cli_args.check_context(loaded, [[{"role": "user", "content": p}] for p in plain.PROMPTS],
                  args.max_new_tokens)
   report = plain.run(loaded, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
                      repeats=args.repeats)
   text = json.dumps(report, indent=2)
   print(text, flush=True)     # first, so that a failed write below loses nothing
-  if args.json and not _save_text(args, args.json, text + "\n"):
+  if args.json and not cli_args.save_text(args, args.json, text + "\n"):
     sys.exit(f"jspec: the report was not saved to {args.json}; it is printed above")
 
 
-def _draft_lengths(text: str, flag: str = "--num-draft") -> tuple:
-  """Comma-separated draft lengths: integers >= 1 or 'auto' (adaptive)."""
-  values = []
-  for x in str(text).split(","):
-    if x.strip() == "auto":
-      values.append("auto")
-      continue
-    try:
-      values.append(int(x))
-    except ValueError:
-      sys.exit(f"jspec: {flag} takes comma-separated integers or 'auto', got {text!r}")
-    if values[-1] < 1:
-      sys.exit(f"jspec: {flag} values must be >= 1 or 'auto', got {text!r}")
-  return tuple(values)
-
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-  try:
-    values = tuple(int(x) for x in text.split(","))
-  except ValueError:
-    sys.exit(f"jspec: {flag} takes comma-separated integers, got {text!r}")
-  if any(v < 1 for v in values):
-    sys.exit(f"jspec: {flag} values must be >= 1, got {text!r}")
-  return values
-
-
 def cmd_bench(args) -> None:
-  from jspec.bench import speedup, suite
+  from jspec import prompt_suite
+  from jspec.bench import speedup
   from jspec.sampling import SamplingParams
 
-  num_draft = _draft_lengths(args.num_draft)
-  batch_sizes = _ints(args.batch_size, "--batch-size")
-  _at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
+  num_draft = cli_args.draft_lengths(args.num_draft)
+  batch_sizes = cli_args.ints(args.batch_size, "--batch-size")
+  cli_args.at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:   # everything cheap is checked before the model loads
     if args.plan:
       from jspec.adaptive import CostTable
       CostTable.load(args.plan)
-    prompts = suite.load(args.prompts)
+    prompts = prompt_suite.load(args.prompts)
     cats = args.categories.split(",") if args.categories else None
-    prompts = suite.select(prompts, cats, args.per_category)
-    from jspec.config import TOP_KEYS
-    options = {d: _spec_config(d, n, args).to_dict() for d in drafters for n in num_draft}
-    options = {d: {k: v for k, v in o.items() if k not in TOP_KEYS}
-               for d, o in options.items()}
+    prompts = prompt_suite.select(prompts, cats, args.per_category)
+    options = cli_args.drafter_options(drafters, num_draft, args)
     SamplingParams.make(1, args.temperature, 0, 1.0)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   from jspec.bench import plots
-  _check_outputs(args, [args.json], args.plot, plots.FILES)
-  loaded = _load(args.model)
-  _check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
+  cli_args.check_outputs(args, [args.json], args.plot, plots.FILES)
+  loaded = cli_args.load_model(args.model)
+  cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   report = speedup.run(
       loaded, prompts, drafters=drafters, num_draft=num_draft, batch_sizes=batch_sizes,
       temperature=args.temperature, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
@@ -323,10 +194,10 @@ def cmd_bench(args) -> None:
   report["command"] = "jspec bench " + " ".join(args.argv)
   text = json.dumps(report, indent=2)
   failed = []
-  if args.json and not _save_text(args, args.json, text):
+  if args.json and not cli_args.save_text(args, args.json, text):
     # never lose an hours-long run: keep the report somewhere that takes it
     fallback = os.path.join(tempfile.gettempdir(), f"jspec-bench-{os.getpid()}.json")
-    failed.append(f"the report is in {fallback}" if _save_text(args, fallback, text)
+    failed.append(f"the report is in {fallback}" if cli_args.save_text(args, fallback, text)
                   else "the report was not saved")
   if args.plot:
     try:
@@ -341,28 +212,24 @@ def cmd_bench(args) -> None:
 
 
 def cmd_plan(args) -> None:
-  from jspec.bench import suite
+  from jspec import prompt_suite
   from jspec.plan import measure, plot
 
-  batch_sizes = _ints(args.batch_sizes, "--batch-sizes")
-  lengths = _ints(args.num_draft, "--num-draft")
-  _at_least_1(args, "--max-new-tokens", "--repeats", "--calibration-prompts")
-  contexts = _ints(args.context, "--context")
+  batch_sizes = cli_args.ints(args.batch_sizes, "--batch-sizes")
+  lengths = cli_args.ints(args.num_draft, "--num-draft")
+  cli_args.at_least_1(args, "--max-new-tokens", "--repeats", "--calibration-prompts")
+  contexts = cli_args.ints(args.context, "--context")
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:
     if not drafters:
       raise ValueError("--drafters is empty; name at least one drafter")
-    prompts = suite.load(args.calibration)[:args.calibration_prompts]
-    from jspec.config import TOP_KEYS
-    options = {}
-    for d in drafters:
-      o = _spec_config(d, max(lengths), args).to_dict()
-      options[d] = {k: v for k, v in o.items() if k not in TOP_KEYS}
+    prompts = prompt_suite.load(args.calibration)[:args.calibration_prompts]
+    options = cli_args.drafter_options(drafters, [max(lengths)], args)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
-  _check_outputs(args, [args.json, args.plot])
-  loaded = _load(args.model)
-  _check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
+  cli_args.check_outputs(args, [args.json, args.plot])
+  loaded = cli_args.load_model(args.model)
+  cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   tok = loaded.tokenizer
   ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
   report = measure.run(loaded, drafters, batch_sizes=batch_sizes, lengths=lengths, prompts=ids,
@@ -371,7 +238,7 @@ def cmd_plan(args) -> None:
                        log=lambda m: print(m, file=sys.stderr, flush=True))
   report["command"] = "jspec plan " + " ".join(args.argv)
   failed = []
-  if not _save_text(args, args.json, json.dumps(report, indent=2)):
+  if not cli_args.save_text(args, args.json, json.dumps(report, indent=2)):
     failed.append("the plan was not saved")
   if args.plot:
     try:
@@ -488,7 +355,7 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--mesh", default=None, metavar="SPEC",
                  help="shard the target over a device mesh, e.g. 'data=1,model=4' (axes data, "
                  "model, expert; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=N)")
-  _add_drafter_flags(g)
+  cli_args.add_drafter_flags(g)
   g.set_defaults(func=cmd_generate)
 
   b = sub.add_parser("bench-decode", help="plain-decode tokens/s vs a measured bandwidth roofline")
@@ -517,7 +384,7 @@ def _parse(argv) -> argparse.Namespace:
   s.add_argument("--max-new-tokens", type=int, default=128)
   s.add_argument("--repeats", type=int, default=1, help="runs of every batch")
   s.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens")
-  _add_drafter_flags(s)
+  cli_args.add_drafter_flags(s)
   s.add_argument("--seed", type=int, default=0)
   s.add_argument("--json", default=None, help="write the report to this file")
   s.add_argument("--plot", default=None, help="write PNG plots into this folder")
@@ -547,7 +414,7 @@ def _parse(argv) -> argparse.Namespace:
   pl.add_argument("--repeats", type=int, default=7, help="timing rounds")
   pl.add_argument("--json", required=True, help="write the plan here")
   pl.add_argument("--plot", default=None, help="write the Pareto plot (PNG) here")
-  _add_drafter_flags(pl)
+  cli_args.add_drafter_flags(pl)
   pl.set_defaults(func=cmd_plan)
 
   from jspec.train.cli import add_parser as add_train_parser

@@ -247,7 +247,7 @@ def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, 
     out = model(block, state.cache, taps=drafter.target_taps, write_cache=write)  # [B, W+1, V]
     extra_argmax = None
   else:
-    out, extra_argmax = _verify_with_extras(model, drafter, state, block, draft.extra, write)
+    out, extra_argmax = verify_with_extras(model, drafter, state, block, draft.extra, write)
   q = None if draft.q is None else draft.q[:, :width]
   n_acc, new = verify(keys, out.logits[:, :width + 1], sampling, draft.tokens[:, :width], q,
                       jnp.minimum(draft_len, width))
@@ -282,8 +282,8 @@ def _verify_tree(model, drafter, state: SpecState, draft, num_nodes, sampling, k
   return n_acc, new, cache, hidden
 
 
-def _verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra,
-                        write: bool = True):
+def verify_with_extras(model, drafter, state: SpecState, block: jax.Array, extra,
+                       write: bool = True):
   """The verify forward over [block, extras]: the chain stays causal and never sees the extras;
   each extra sees the last committed token (block index 0) and the extras its mask allows.
   Returns the forward (logits [B, D+1, V]) and the argmax after the extras named by

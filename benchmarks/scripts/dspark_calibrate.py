@@ -12,8 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import models
-from jspec import Decoder
-from jspec.bench import suite
+from jspec import Decoder, prompt_suite
 from jspec.confidence import fit_temperatures, save_calibration
 from jspec.drafters.dflash import checkpoint as dflash_format
 from jspec.train.dflash import block_loss
@@ -24,7 +23,7 @@ num = int(sys.argv[3]) if len(sys.argv) > 3 else 24
 lm = models.load(models.DEFAULT_MODEL, quiet=True)
 tok, target = lm.tokenizer, lm.model
 module = dflash_format.load(folder, "dspark")
-prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in suite.load(path)]
+prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompt_suite.load(path)]
 prompts = [p for p in prompts if len(p) <= 192][:num]
 replies = Decoder(target, eos_ids=tok.eos_ids).generate(prompts, max_new_tokens=96).token_ids
 n = max(len(p) + len(r) for p, r in zip(prompts, replies))

@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import models
-from jspec import Decoder
-from jspec.bench import suite
+from jspec import Decoder, prompt_suite
 from jspec.drafters import heads
 from jspec.drafters.medusa import checkpoint as medusa_format
 from jspec.train.medusa import final_hidden, rank_accuracy
@@ -22,7 +21,7 @@ lm = models.load(models.DEFAULT_MODEL, quiet=True)
 tok = lm.tokenizer
 folder = heads.shipped_head("medusa", lm.model.config)[0]
 head = medusa_format.load_medusa(folder)
-prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in suite.load(path)]
+prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompt_suite.load(path)]
 prompts = [p for p in prompts if len(p) <= 192][:num]
 replies = Decoder(lm.model, eos_ids=tok.eos_ids).generate(prompts, max_new_tokens=96).token_ids
 n = max(len(p) + len(r) for p, r in zip(prompts, replies))

@@ -8,8 +8,7 @@ import time
 import numpy as np
 
 import models
-from jspec import Decoder, SpecDecoder
-from jspec.bench import suite
+from jspec import Decoder, SpecDecoder, prompt_suite
 from jspec.drafters import heads
 from jspec.drafters.medusa import checkpoint as medusa_format
 
@@ -19,8 +18,8 @@ head = sys.argv[3] if len(sys.argv) > 3 else None          # default: the shippe
 lm = models.load(models.DEFAULT_MODEL, quiet=True)
 tok = lm.tokenizer
 cats = ["coding", "code_editing", "summarization", "rag_qa", "math", "writing", "multi_turn"]
-picked = suite.select(suite.load("benchmarks/prompts/suite.jsonl"), categories=cats,
-                      per_category=2)
+picked = prompt_suite.select(prompt_suite.load("benchmarks/prompts/suite.jsonl"), categories=cats,
+                             per_category=2)
 picked = [p for p in picked if p.id.endswith("-01")] + [p for p in picked if p.id == "math-02"]
 prompts = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in picked]
 print("prompts:", [p.id for p in picked], "tokens:", [len(p) for p in prompts], flush=True)

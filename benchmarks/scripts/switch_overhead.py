@@ -14,8 +14,8 @@ import numpy as np
 
 import models
 from jspec import SpecDecoder
-from jspec.bench.suite import load, select
 from jspec.decode import Decoder
+from jspec.prompt_suite import load, select
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--method", default="ngram")

@@ -120,7 +120,7 @@ def markdown(report: dict) -> str:
 
 
 def main(argv=None) -> None:
-  from jspec.bench import suite
+  from jspec import prompt_suite
 
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--prompts", required=True)
@@ -138,10 +138,10 @@ def main(argv=None) -> None:
   if bad:
     sys.exit(f"hf_peer: unknown method(s) {bad}; choose from {METHODS}")
   try:
-    prompts = suite.select(suite.load(args.prompts),
-                           args.categories.split(",") if args.categories else None,
-                           args.per_category)
-  except suite.SuiteError as e:
+    prompts = prompt_suite.select(prompt_suite.load(args.prompts),
+                                  args.categories.split(",") if args.categories else None,
+                                  args.per_category)
+  except prompt_suite.SuiteError as e:
     sys.exit(f"hf_peer: {e}")
   if not all(importlib.util.find_spec(m) for m in ("torch", "transformers")):
     sys.exit("hf_peer: needs torch and transformers: pip install -e '.[test]'")

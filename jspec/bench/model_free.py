@@ -25,16 +25,17 @@ from collections import defaultdict
 
 import jax
 
-from jspec.bench import plain, speedup, suite
-from jspec.bench.components import time_draft, time_verify
+from jspec import cli_args, prompt_suite
+from jspec.bench import plain, speedup
 from jspec.decode import Decoder, bucket
 from jspec.spec_decode import SpecDecoder
+from jspec.timing import measure_bandwidth, time_draft, time_verify
 
 CASES = ("prediction", "repeat")
 _FENCE = re.compile(r"```[^\n`]*\n.*?```", re.DOTALL)
 
 
-def original_code(prompt: suite.Prompt) -> str | None:
+def original_code(prompt: prompt_suite.Prompt) -> str | None:
   """The first fenced code block of the last user message, fences included."""
   m = _FENCE.search(prompt.messages[-1]["content"])
   return m.group(0) if m else None
@@ -80,13 +81,13 @@ def run(loaded, prompts, *, case: str, drafters, num_draft, batch_sizes=(1, 4), 
   bar = tqdm(total=runs * len(passes) * repeats * (1 + len(configs)), desc=f"model-free {case}",
              unit="run", file=sys.stderr, disable=not progress)
   accs, parts, timed = {}, {}, {}
-  bandwidths = [plain.measure_bandwidth(repeats=3)]
+  bandwidths = [measure_bandwidth(repeats=3)]
   for b in batch_sizes:
     first = speedup.batches(next(iter(by_cat.values())), b)[0]
     plain_dec.generate([r[1] for r in first], seed=seed, **kw)         # warm-up and compile
     for c in configs:
       specs[c].generate([r[1] for r in first], seed=seed, **kw, **extra(c, first))
-    bandwidths.append(plain.measure_bandwidth(repeats=3))
+    bandwidths.append(measure_bandwidth(repeats=3))
     for cat, rows in by_cat.items():
       for c in configs:
         specs[c].reset_drafter()          # no outputs of the warm-up or of other categories
@@ -97,7 +98,7 @@ def run(loaded, prompts, *, case: str, drafters, num_draft, batch_sizes=(1, 4), 
           for c, out, base in speedup.interleaved_runs(
               plain_dec, specs, configs, ids, index=i, repeats=repeats, seed=seed, kw=kw,
               extra=lambda c, batch=batch: extra(c, batch), tick=bar.update):
-            accs.setdefault((c[0], c[1], b, label(cat, n)), speedup._Acc(c[1])).add(
+            accs.setdefault((c[0], c[1], b, label(cat, n)), speedup.Accumulator(c[1])).add(
                 out, base, [row[0] for row in batch])
         for c in configs:                 # component times at this pass's state, once each
           state, sampling = specs[c].prefill([r[1] for r in bs[0]], seed=seed,
@@ -116,15 +117,15 @@ def run(loaded, prompts, *, case: str, drafters, num_draft, batch_sizes=(1, 4), 
     for b in batch_sizes:
       roofline = b * bw / plain.step_bytes(plain_dec, b, pad_to + max_new_tokens)
       for n in passes:
-        total, pooled = speedup._Acc(c[1]), []
+        total, pooled = speedup.Accumulator(c[1]), []
         for cat in by_cat:
           key = (c[0], c[1], b, label(cat, n))
           acc = accs[key]
           v, dr = parts[(c, b, label(cat, n))]
-          results.append(speedup._record(key, acc, [(acc.steps, v, dr)], roofline, temperature))
+          results.append(speedup.make_record(key, acc, [(acc.steps, v, dr)], roofline, temperature))
           pooled.append((acc.steps, v, dr))
-          speedup._merge(total, acc)
-        results.append(speedup._record((c[0], c[1], b, label("all", n)), total, pooled,
+          speedup.merge_into(total, acc)
+        results.append(speedup.make_record((c[0], c[1], b, label("all", n)), total, pooled,
                                        roofline, temperature))
   return dict(schema=speedup.SCHEMA, case=case, model=loaded.name,
               backend=jax.default_backend(), device=str(jax.devices()[0]),
@@ -140,7 +141,6 @@ def run(loaded, prompts, *, case: str, drafters, num_draft, batch_sizes=(1, 4), 
 
 
 def main(argv=None) -> None:
-  from jspec import cli
   from jspec.sampling import SamplingParams
 
   parser = argparse.ArgumentParser(prog="python -m jspec.bench.model_free",
@@ -160,30 +160,27 @@ def main(argv=None) -> None:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--json", default=None)
   parser.add_argument("--no-progress", action="store_true")
-  cli._add_drafter_flags(parser)
+  cli_args.add_drafter_flags(parser)
   args = parser.parse_args(argv)
   args.outputs, args.saved = [], []
   from models.registry import DEFAULT_MODEL
-  num_draft = cli._draft_lengths(args.num_draft)
-  batch_sizes = cli._ints(args.batch_size, "--batch-size")
-  cli._at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
+  num_draft = cli_args.draft_lengths(args.num_draft)
+  batch_sizes = cli_args.ints(args.batch_size, "--batch-size")
+  cli_args.at_least_1(args, "--max-new-tokens", "--repeats", "--per-category")
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:      # everything cheap before the model loads
     if args.case == "repeat" and args.repeats != 1:
       raise ValueError("the repeat case runs every prompt exactly twice; leave --repeats at 1")
-    prompts = suite.select(suite.load(args.prompts),
-                           args.categories.split(",") if args.categories else None,
-                           args.per_category)
-    from jspec.config import TOP_KEYS
-    options = {d: cli._spec_config(d, n, args).to_dict() for d in drafters for n in num_draft}
-    options = {d: {k: v for k, v in o.items() if k not in TOP_KEYS}
-               for d, o in options.items()}
+    prompts = prompt_suite.select(prompt_suite.load(args.prompts),
+                                  args.categories.split(",") if args.categories else None,
+                                  args.per_category)
+    options = cli_args.drafter_options(drafters, num_draft, args)
     SamplingParams.make(1, args.temperature, 0, 1.0)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
-  cli._check_outputs(args, [args.json])
-  loaded = cli._load(args.model or DEFAULT_MODEL)
-  cli._check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
+  cli_args.check_outputs(args, [args.json])
+  loaded = cli_args.load_model(args.model or DEFAULT_MODEL)
+  cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   try:
     report = run(loaded, prompts, case=args.case, drafters=drafters, num_draft=num_draft,
                  batch_sizes=batch_sizes, temperature=args.temperature,
@@ -195,7 +192,7 @@ def main(argv=None) -> None:
   report["command"] = "python -m jspec.bench.model_free " + " ".join(
       sys.argv[1:] if argv is None else argv)
   text = json.dumps(report, indent=2)
-  if args.json and not cli._save_text(args, args.json, text):
+  if args.json and not cli_args.save_text(args, args.json, text):
     print(text)
     sys.exit(f"jspec: the report was not saved to {args.json}; it is printed above")
   print(speedup.markdown(report))

@@ -8,12 +8,12 @@ an XLA reduction over a buffer much larger than the caches, interleaved with the
 from __future__ import annotations
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 
 from jspec.decode import Decoder, bucket
+from jspec.timing import measure_bandwidth
 
 PROMPTS = [
     "Explain in two sentences why the sky is blue.",
@@ -25,19 +25,6 @@ PROMPTS = [
     "Why do programmers prefer dark mode?",
     "Translate 'good morning' into French, Spanish and German.",
 ]
-
-
-def measure_bandwidth(n_bytes: int = 1 << 29, repeats: int = 7) -> float:
-  """Bytes/s that XLA reads on this backend (median of `repeats` full reductions)."""
-  x = jnp.ones((n_bytes // 4,), jnp.float32)
-  f = jax.jit(lambda a: jnp.sum(a))
-  f(x).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(x).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return n_bytes / statistics.median(times)
 
 
 def step_bytes(decoder: Decoder, batch_size: int, cache_len: int) -> int:

@@ -61,7 +61,7 @@ def textbook(keys, logits, params: SamplingParams):
 def model_logits(rows: int) -> np.ndarray:
   """[rows, V] next-token logits of the default model over committed training prompts."""
   import models
-  from jspec.bench.suite import load
+  from jspec.prompt_suite import load
   from models.kv_cache import KVCache
   lm = models.load(models.DEFAULT_MODEL, quiet=True)
   tok, out = lm.tokenizer, []

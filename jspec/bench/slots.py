@@ -22,7 +22,7 @@ import time
 import numpy as np
 from flax import nnx
 
-from jspec.bench import suite
+from jspec import prompt_suite
 from jspec.bench.step_latency import PlainStep, wall_us
 from jspec.decode import Decoder
 from jspec.io import atomic_write_text, check_writable
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     slot_counts = [int(x) for x in args.slots.split(",") if x]
     if args.num < 1 or args.max_new_tokens < 1 or not slot_counts or min(slot_counts) < 1:
       raise ValueError("--num, --max-new-tokens and every --slots value must be >= 1")
-    records = [p for f in args.prompts for p in suite.load(f)]
+    records = [p for f in args.prompts for p in prompt_suite.load(f)]
   except (ValueError, OSError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

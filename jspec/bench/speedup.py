@@ -8,7 +8,6 @@ category "all".
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -17,11 +16,12 @@ from collections import defaultdict
 import jax
 
 from jspec.bench import cost_model, plain, stats
-from jspec.bench.components import time_draft, time_verify
-from jspec.bench.suite import Prompt
+from jspec.cli_args import parse_drafter
 from jspec.config import SpeculativeConfig
 from jspec.decode import Decoder, bucket
+from jspec.prompt_suite import Prompt
 from jspec.spec_decode import SpecDecoder
+from jspec.timing import measure_bandwidth, time_draft, time_verify
 
 SCHEMA = "jspec.bench/1"
 # name -> (type, meaning). The JSON's stable contract; tests check every record against it.
@@ -59,22 +59,6 @@ RECORD_FIELDS = {
     "baseline_fraction_of_roofline": (float, "plain step rate B/T(1) over the bandwidth roofline"),
     "same_as_plain": ((bool, type(None)), "greedy: every output equals plain decoding; else null"),
 }
-
-
-def parse_drafter(spec: str) -> tuple[str, dict]:
-  """A drafter variant: "eagle3:tree_top_k=3:tree_depth=4" -> ("eagle3", {"tree_top_k": 3,
-  "tree_depth": 4}); values are JSON where they parse (numbers, true/false), text otherwise."""
-  method, *pairs = spec.split(":")
-  over = {}
-  for pair in pairs:
-    key, sep, value = pair.partition("=")
-    if not sep or not key:
-      raise ValueError(f"drafter variant {spec!r}: write method:key=value[:key=value...]")
-    try:
-      over[key] = json.loads(value)
-    except json.JSONDecodeError:
-      over[key] = value
-  return method, over
 
 
 def spec_config(drafter: str, d: int, options: dict | None = None) -> SpeculativeConfig:
@@ -116,7 +100,7 @@ def interleaved_runs(plain_dec, specs: dict, configs: list, ids, *, index: int, 
       yield c, out, base
 
 
-class _Acc:
+class Accumulator:
   """Sums over runs of one (config, batch size, category)."""
 
   def __init__(self, d):
@@ -148,7 +132,8 @@ class _Acc:
     self.prompts.update(prompt_ids)
 
 
-def _record(key, acc: _Acc, parts_by_cat: dict, roofline: float, temperature: float) -> dict:
+def make_record(key, acc: Accumulator, parts_by_cat: dict, roofline: float,
+                temperature: float) -> dict:
   drafter, d, b, category = key
   t1 = acc.base_decode_s / max(acc.base_steps, 1)
   # step-weighted over the categories pooled in this record (one category unless "all")
@@ -205,7 +190,7 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
   plan = {b: {cat: batches(rows, b) for cat, rows in by_cat.items()} for b in batch_sizes}
   total = sum(len(bs) for per_b in plan.values() for bs in per_b.values()) * repeats * (1 + len(configs))
   bar = tqdm(total=total, desc="jspec bench", unit="run", file=sys.stderr, disable=not progress)
-  bandwidths = [plain.measure_bandwidth(repeats=3)]
+  bandwidths = [measure_bandwidth(repeats=3)]
   accs, parts, timed = {}, {}, {}
   for b in batch_sizes:
     first = next(iter(plan[b].values()))[0]
@@ -214,13 +199,13 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
     for c in configs:
       specs[c].generate(ids, seed=seed, **kw)
       specs[c].reset_drafter()          # the warm-up's outputs join no suffix cache
-    bandwidths.append(plain.measure_bandwidth(repeats=3))
+    bandwidths.append(measure_bandwidth(repeats=3))
     for cat, bs in plan[b].items():
       for i, batch in enumerate(bs):
         ids = [r[1] for r in batch]
         for c, out, base in interleaved_runs(plain_dec, specs, configs, ids, index=i,
                                              repeats=repeats, seed=seed, kw=kw, tick=bar.update):
-          accs.setdefault((c[0], c[1], b, cat), _Acc(c[1])).add(out, base,
+          accs.setdefault((c[0], c[1], b, cat), Accumulator(c[1])).add(out, base,
                                                                 [row[0] for row in batch])
         for c in configs:                 # component times at this category's shapes, once each
           if (c, b, cat) not in parts:
@@ -243,16 +228,16 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
   for c in configs:
     for b in batch_sizes:
       roofline = b * bw / plain.step_bytes(plain_dec, b, pad_to + max_new_tokens)
-      total_acc = _Acc(c[1])
+      total_acc = Accumulator(c[1])
       pooled = []
       for cat in plan[b]:
         acc = accs[(c[0], c[1], b, cat)]
         v, dr = parts[(c, b, cat)]
-        results.append(_record((c[0], c[1], b, cat), acc, [(acc.steps, v, dr)], roofline,
+        results.append(make_record((c[0], c[1], b, cat), acc, [(acc.steps, v, dr)], roofline,
                                temperature))
         pooled.append((acc.steps, v, dr))
-        _merge(total_acc, acc)
-      results.append(_record((c[0], c[1], b, "all"), total_acc, pooled, roofline, temperature))
+        merge_into(total_acc, acc)
+      results.append(make_record((c[0], c[1], b, "all"), total_acc, pooled, roofline, temperature))
   return dict(schema=SCHEMA, model=loaded.name, backend=jax.default_backend(),
               device=str(jax.devices()[0]), dtype=str(plain_dec.weights_dtype),
               jax_version=jax.__version__, bandwidth_gb_s=bw / 1e9,
@@ -265,7 +250,7 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
               results=results)
 
 
-def _merge(into: _Acc, acc: _Acc) -> None:
+def merge_into(into: Accumulator, acc: Accumulator) -> None:
   for name in ("rounds", "emitted", "tokens", "base_tokens", "steps", "decode_s", "base_decode_s",
                "base_steps"):
     setattr(into, name, getattr(into, name) + getattr(acc, name))

@@ -14,50 +14,17 @@ default model's shape: the cost does not depend on the values).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.bench.plain import measure_bandwidth
 from jspec.io import atomic_write_text, check_writable
+from jspec.timing import Point, measure_bandwidth
 from models.config import LlamaConfig
-from models.kv_cache import KVCache
 from models.llama import Llama
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
-def _forward(graphdef, weights, cache, tokens):
-  out = nnx.merge(graphdef, weights)(tokens, cache)
-  return out.logits, out.cache
-
-
-class Point:
-  """One (impl, matmul impl, B, T) forward, compiled and warmed up, with its own cache."""
-
-  def __init__(self, graphdef, weights, config: LlamaConfig, impl: str, matmul: str, batch: int,
-               t: int, context: int, max_len: int):
-    self.key = dict(impl=impl, matmul_impl=matmul, batch_size=batch, tokens=t)
-    self.graphdef, self.weights = graphdef, weights
-    dtype = jax.tree_util.tree_leaves(weights)[0].dtype
-    self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
-    self.cache = KVCache.init(config, batch, max_len, dtype=dtype).with_lengths(self.lengths())
-    self.tokens = jnp.ones((batch, t), jnp.int32)
-    self.times: list[float] = []
-    for _ in range(2):          # the first call compiles
-      self.call()
-
-  def call(self) -> float:
-    start = time.perf_counter()
-    logits, cache = _forward(self.graphdef, self.weights, self.cache, self.tokens)
-    logits.block_until_ready()
-    elapsed = time.perf_counter() - start
-    self.cache = cache.with_lengths(self.lengths())
-    return elapsed
 
 
 def step_bytes(model: Llama, batch: int, context: int) -> int:

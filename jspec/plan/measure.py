@@ -1,9 +1,10 @@
 """Measures what the cost model needs on the current device and writes the plan (`jspec plan`).
 
 - T_verif(B, T): the target's forward over T tokens against a filled cache, every (B, T) compiled
-  and warmed up, then timed round-robin (medians), as jspec.bench.verify_cost does;
+  and warmed up, then timed round-robin (medians), as jspec.bench.verify_cost does (both with
+  jspec.timing.Point);
 - T_draft(B, D): each drafter's propose + commit at a post-prefill state of calibration prompts
-  (jspec.bench.components.time_draft);
+  (jspec.timing.time_draft);
 - acceptance: per-position reach r_k from greedy generation on calibration prompts (by default
   prompts sampled from the default model that no drafter trained on; never the benchmark suite)
   at D_max;
@@ -24,10 +25,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.adaptive import CostTable
-from jspec.bench.components import time_draft
-from jspec.bench.plain import measure_bandwidth
-from jspec.bench.verify_cost import Point
 from jspec.plan import model as cm
+from jspec.timing import Point, measure_bandwidth, time_draft
 
 
 def measure_verify(target, batch_sizes, tokens, context: int, repeats: int,

@@ -165,7 +165,7 @@ def cmd_replay(args) -> None:
   import jax
 
   import models
-  from jspec.bench import suite
+  from jspec import prompt_suite
   from jspec.drafters.eagle3 import checkpoint as speculators_format
   from jspec.drafters.eagle3 import attach_target_rows
   from jspec.train import eagle3
@@ -175,7 +175,7 @@ def cmd_replay(args) -> None:
     _positive(args, "num_draft", "batch_size")
     if args.max_new_tokens < 2:
       raise ValueError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
-    prompts = suite.select(suite.load(args.prompts), per_category=args.per_category)
+    prompts = prompt_suite.select(prompt_suite.load(args.prompts), per_category=args.per_category)
     loaded = models.load(args.model, quiet=True)
     head = speculators_format.load_eagle3(args.head)
     head.config.check_target(loaded.model.config)

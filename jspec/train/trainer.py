@@ -92,7 +92,7 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
   from tqdm import tqdm
 
   from jspec.io import check_writable
-  from jspec.train.data import heldout_batches, make_iterator
+  from jspec.train.loader import heldout_batches, make_iterator
   log = log or (lambda s: print(s, file=sys.stderr))
   os.makedirs(out_dir, exist_ok=True)
   check_writable(os.path.join(out_dir, "train_log.jsonl"))

@@ -156,7 +156,7 @@ def test_the_checks_catch_what_they_forbid(tmp_path):
   assert sorted(private) == ["pkg.high:3 pkg.other._secret", "pkg.user:2 pkg.other._secret"]
 
 
-@pytest.mark.parametrize("mod, want", [("jspec.cli", 6), ("jspec.bench.suite", 5),
+@pytest.mark.parametrize("mod, want", [("jspec.cli", 6), ("jspec.bench.speedup", 5),
                                        ("jspec.engine", 2), ("models.llama", 1)])
 def test_layers_by_longest_prefix(mod, want):
   assert layer(mod, LAYERS) == want

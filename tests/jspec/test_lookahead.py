@@ -212,7 +212,7 @@ def test_extras_leave_committed_state_unchanged(tiny):
   draft, _ = sd.drafter.propose(None, state.drafter_state, state.context(sampling), None)
   block = jnp.concatenate([state.tokens[:, state.length[0] - 1:state.length[0]], draft.tokens], 1)
   alone = model(block, state.cache).logits
-  with_extras, _ = engine._verify_with_extras(model, sd.drafter, state, block, draft.extra)
+  with_extras, _ = engine.verify_with_extras(model, sd.drafter, state, block, draft.extra)
   np.testing.assert_allclose(np.asarray(with_extras.logits[:, :3]), np.asarray(alone),
                              atol=1e-4, rtol=1e-4)
 

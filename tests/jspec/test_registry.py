@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jspec import SpecDecoder, SpeculativeConfig, cli
+from jspec import SpecDecoder, SpeculativeConfig, cli, cli_args
 from jspec.drafters import registry
 from jspec.drafters.model_free.ngram import NgramDrafter
 from models import Llama, LlamaConfig
@@ -51,7 +51,7 @@ def test_a_new_method_needs_only_its_registration(monkeypatch):
   parsed = []
   monkeypatch.setattr(cli, "cmd_generate", lambda args: parsed.append(args))
   cli.main(["generate", "hi", "--drafter", "toy-lookup", "--toy-stride", "4"])
-  assert cli._spec_config(parsed[0].drafter, 2, parsed[0]).options.stride == 4
+  assert cli_args.spec_config(parsed[0].drafter, 2, parsed[0]).options.stride == 4
 
 
 @pytest.mark.parametrize("cfg, message", [

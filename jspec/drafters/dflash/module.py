@@ -6,10 +6,10 @@ across rounds (the drafter's cache holds it at committed positions 0 .. length-2
 block [anchor = the last committed token, MASK x (bs-1)] at positions length-1 .. length+bs-2 runs
 non-causally through the draft layers (target-shaped Llama blocks) over [context, block], then the
 final norm and the target's frozen LM-head rows of a draft vocabulary. DFlash drafts slots 1..bs-1
-greedily (D = bs-1, q one-hot); DSpark (`jspec/drafters/dspark.py`) reuses this backbone with the
+greedily (D = bs-1, q one-hot); DSpark (`jspec/drafters/dspark/`) reuses this backbone with the
 anchor slot predicting too (`sample_from_anchor`) and a sequential Markov head on top.
 
-Training: `jspec/train/dflash.py`; head-folder I/O: `dflash_format.py`.
+Training: `jspec/train/dflash.py`; head-folder I/O: `checkpoint.py`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Layout (DeepSeek-V3 `num_nextn_predict_layers`, vLLM `deepseek_mtp.py`): x = eh_
 hnorm(prev)]) (embedding first), one decoder layer with the target's shapes, then the shared head
 (the target's final norm and LM head, passed in, never copied). Step 1's prev is the target's
 final normed hidden h_i with token t_{i+1}; step k > 1 feeds the module's own output through the
-shared norm with the token it just drafted. Checkpoint and head-folder I/O: `mtp_format.py`.
+shared norm with the token it just drafted. Checkpoint and head-folder I/O: `checkpoint.py`.
 """
 
 from __future__ import annotations

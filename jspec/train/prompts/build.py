@@ -99,13 +99,13 @@ def read_reference(path: str) -> list[str]:
 
 
 def read_include(path: str) -> list[dict]:
-  """Prompt records in the benchmark suite's format (jspec.bench.suite), e.g. Magpie prompts."""
-  from jspec.bench import suite
+  """Prompt records in the benchmark suite's format (jspec.prompt_suite), e.g. Magpie prompts."""
+  from jspec import prompt_suite
   if not os.path.isfile(path):
     raise ValueError(f"--include file {path} does not exist")
   try:
     with _open(path) as f:
-      prompts = suite.parse(f, path)
+      prompts = prompt_suite.parse(f, path)
   except (OSError, UnicodeDecodeError, EOFError) as e:
     raise ValueError(f"--include file {path} cannot be read as UTF-8 text ({e})") from None
   return [dict(id=p.id, category=p.category, messages=[dict(m) for m in p.messages],

@@ -6,10 +6,11 @@ import json
 
 import pytest
 
-from jspec.bench import model_free, speedup, suite
+from jspec import prompt_suite
+from jspec.bench import model_free, speedup
 
 CODE = "```python\ndef f(x):\n    return x + 1\n```"
-PROMPTS = suite.parse([json.dumps(dict(id=f"{c}{i}", category=c, prompt=text * (i + 4)))
+PROMPTS = prompt_suite.parse([json.dumps(dict(id=f"{c}{i}", category=c, prompt=text * (i + 4)))
                        for c, text in (("edit", "fix this " + CODE + " "), ("chat", "sky? "))
                        for i in range(2)])
 MAX_NEW = 16
@@ -60,8 +61,8 @@ def test_prediction_case_uses_code_blocks(loaded):
     (["repeat", "--suffix-cache-tokens", "-1"], "cache_tokens must be 0"),
 ])
 def test_cli_rejects_bad_input_before_loading(argv, message, tmp_path, monkeypatch, capsys):
-  from jspec import cli
-  monkeypatch.setattr(cli, "_load", lambda name: pytest.fail("loaded a model"))
+  from jspec import cli_args
+  monkeypatch.setattr(cli_args, "load_model", lambda name: pytest.fail("loaded a model"))
   path = tmp_path / "p.jsonl"
   path.write_text("\n".join(json.dumps(dict(id=p.id, category=p.category,
                                             messages=list(p.messages))) for p in PROMPTS))

@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder
-from jspec.train import data
+from jspec.train import data, loader
 from models import Llama, LlamaConfig, LoadedModel, Tokenizer
 
 # SmolLM2-135M-Instruct's chat template, as stored in its GGUF
@@ -367,12 +367,12 @@ def test_token_shards_pad_and_truncate(regen_dir):
 
 def test_iterator_state_restores_the_data_order(regen_dir):
   kw = dict(seq_len=CFG.max_position, batch_size=3, seed=11)   # untruncated: items distinguishable
-  it = data.make_iterator(regen_dir, **kw)
+  it = loader.make_iterator(regen_dir, **kw)
   first = [next(it) for _ in range(5)]
-  state = data.iterator_state(it)
+  state = loader.iterator_state(it)
   json.dumps(state)
   after = [next(it) for _ in range(5)]
-  again = data.restore_iterator(regen_dir, state, **kw)
+  again = loader.restore_iterator(regen_dir, state, **kw)
   for a, b in zip(after, [next(again) for _ in range(5)]):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
   # each epoch is a fresh permutation of the 10 sequences: the first 30 items cover each 3 times
@@ -383,7 +383,7 @@ def test_iterator_state_restores_the_data_order(regen_dir):
   for e in range(3):
     assert sorted(order[10 * e:10 * e + 10]) == list(range(10))
   assert order[:10] != order[10:20] and order[:10] != list(range(10))
-  other = data.make_iterator(regen_dir, **{**kw, "seed": 12})
+  other = loader.make_iterator(regen_dir, **{**kw, "seed": 12})
   assert [key[t.tobytes()] for _ in range(3) for t in next(other)["tokens"]] != order[:9]
 
 

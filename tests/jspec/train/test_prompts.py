@@ -13,7 +13,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jspec.bench import suite
+from jspec import prompt_suite
 from jspec.cli import main
 from jspec.train.prompts import build, dedup, mathgen, puzzles, sources
 from jspec.train.prompts.common import PASSAGE_CAP, Uses
@@ -159,7 +159,7 @@ def test_schema_and_families(base):
     assert set(r) == {"id", "category", "messages", "source"}
     assert r["messages"][-1]["role"] == "user" and r["source"]
   with gzip.open(out, "rt", encoding="utf-8") as f:    # the suite's loader accepts the file
-    assert len(suite.parse(f, out)) == len(records) == manifest["prompts"]
+    assert len(prompt_suite.parse(f, out)) == len(records) == manifest["prompts"]
   assert sum(manifest["quotas"].values()) == 240
 
 

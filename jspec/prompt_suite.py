@@ -1,4 +1,5 @@
-"""Benchmark prompt suites: JSON Lines of chat prompts, each with a category and a source.
+"""Prompt suites, the prompt files that benchmarks, the planner and training read: JSON Lines of
+chat prompts, each with a category and a source.
 
 One object per line: {"id", "category", "messages": [{"role", "content"}, ...], "source"}; a plain
 "prompt" string may stand for a single user message. Errors name the file and line.

@@ -1,5 +1,6 @@
-"""Times the two parts of a speculative round on a real post-prefill state: the target's verify
-pass over 1+D tokens and the drafter's propose + commit (for the cost model and time shares)."""
+"""Timing primitives that the benchmarks and the planner share: the parts of a speculative round
+timed alone on a real post-prefill state, one target forward against a filled cache, and the read
+bandwidth of the device."""
 
 from __future__ import annotations
 
@@ -14,6 +15,52 @@ import numpy as np
 from flax import nnx
 
 from jspec.decode import row_keys
+from jspec.engine import verify_with_extras
+from models.config import LlamaConfig
+from models.kv_cache import KVCache
+
+
+def measure_bandwidth(n_bytes: int = 1 << 29, repeats: int = 7) -> float:
+  """Bytes/s that XLA reads on this backend (median of `repeats` full reductions)."""
+  x = jnp.ones((n_bytes // 4,), jnp.float32)
+  f = jax.jit(lambda a: jnp.sum(a))
+  f(x).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(x).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return n_bytes / statistics.median(times)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def _forward(graphdef, weights, cache, tokens):
+  out = nnx.merge(graphdef, weights)(tokens, cache)
+  return out.logits, out.cache
+
+
+class Point:
+  """One (impl, matmul impl, B, T) forward, compiled and warmed up, with its own cache."""
+
+  def __init__(self, graphdef, weights, config: LlamaConfig, impl: str, matmul: str, batch: int,
+               t: int, context: int, max_len: int):
+    self.key = dict(impl=impl, matmul_impl=matmul, batch_size=batch, tokens=t)
+    self.graphdef, self.weights = graphdef, weights
+    dtype = jax.tree_util.tree_leaves(weights)[0].dtype
+    self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
+    self.cache = KVCache.init(config, batch, max_len, dtype=dtype).with_lengths(self.lengths())
+    self.tokens = jnp.ones((batch, t), jnp.int32)
+    self.times: list[float] = []
+    for _ in range(2):          # the first call compiles
+      self.call()
+
+  def call(self) -> float:
+    start = time.perf_counter()
+    logits, cache = _forward(self.graphdef, self.weights, self.cache, self.tokens)
+    logits.block_until_ready()
+    elapsed = time.perf_counter() - start
+    self.cache = cache.with_lengths(self.lengths())
+    return elapsed
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "taps"), donate_argnames=("cache",))
@@ -43,9 +90,8 @@ def _median_time(fn, repeats: int) -> float:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter"), donate_argnames=("cache",))
 def _verify_extras(graphdef, weights, drafter, cache, state, block, extra):
-  from jspec.engine import _verify_with_extras
   state = dataclasses.replace(state, cache=cache)
-  out, _ = _verify_with_extras(nnx.merge(graphdef, weights), drafter, state, block, extra)
+  out, _ = verify_with_extras(nnx.merge(graphdef, weights), drafter, state, block, extra)
   return out.logits, out.cache
 
 

@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from jspec.bench import suite
+from jspec import prompt_suite
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 SUITE = os.path.join(ROOT, "benchmarks", "prompts", "suite.jsonl")
 TRAIN = os.path.join(ROOT, "benchmarks", "prompts", "train.jsonl")
 CATEGORIES = {"coding", "code_editing", "summarization", "rag_qa", "math", "writing", "multi_turn",
@@ -22,7 +22,7 @@ GOOD = _line(id="a", category="x", messages=[{"role": "user", "content": "hi"}],
 
 
 def test_parse_accepts_messages_and_plain_prompt():
-  got = suite.parse([GOOD, "", _line(id="b", category="y", prompt="hello")], "f.jsonl")
+  got = prompt_suite.parse([GOOD, "", _line(id="b", category="y", prompt="hello")], "f.jsonl")
   assert [p.id for p in got] == ["a", "b"]
   assert got[1].messages == ({"role": "user", "content": "hello"},)
   assert got[1].source == ""
@@ -48,28 +48,28 @@ def test_parse_accepts_messages_and_plain_prompt():
      "f.jsonl:2: message 0 must be an object with exactly \"role\" and \"content\""),
 ])
 def test_parse_errors_name_the_line(bad, message):
-  with pytest.raises(suite.SuiteError) as e:
-    suite.parse([GOOD, bad], "f.jsonl")
+  with pytest.raises(prompt_suite.SuiteError) as e:
+    prompt_suite.parse([GOOD, bad], "f.jsonl")
   assert str(e.value).startswith(message), str(e.value)
 
 
 def test_load_and_select_errors(tmp_path):
-  with pytest.raises(suite.SuiteError, match="cannot read the prompt file"):
-    suite.load(str(tmp_path / "missing.jsonl"))
+  with pytest.raises(prompt_suite.SuiteError, match="cannot read the prompt file"):
+    prompt_suite.load(str(tmp_path / "missing.jsonl"))
   empty = tmp_path / "empty.jsonl"
   empty.write_text("\n\n")
-  with pytest.raises(suite.SuiteError, match="no prompts"):
-    suite.load(str(empty))
-  prompts = suite.parse([GOOD, _line(id="b", category="x", prompt="p"),
+  with pytest.raises(prompt_suite.SuiteError, match="no prompts"):
+    prompt_suite.load(str(empty))
+  prompts = prompt_suite.parse([GOOD, _line(id="b", category="x", prompt="p"),
                          _line(id="c", category="y", prompt="p")])
-  assert [p.id for p in suite.select(prompts, per_category=1)] == ["a", "c"]
-  assert [p.id for p in suite.select(prompts, ["y"])] == ["c"]
-  with pytest.raises(suite.SuiteError, match=r"no prompts of category \['z'\]"):
-    suite.select(prompts, ["z"])
+  assert [p.id for p in prompt_suite.select(prompts, per_category=1)] == ["a", "c"]
+  assert [p.id for p in prompt_suite.select(prompts, ["y"])] == ["c"]
+  with pytest.raises(prompt_suite.SuiteError, match=r"no prompts of category \['z'\]"):
+    prompt_suite.select(prompts, ["z"])
 
 
 def test_committed_suite_covers_every_category():
-  prompts = suite.load(SUITE)
+  prompts = prompt_suite.load(SUITE)
   counts = {c: sum(p.category == c for p in prompts) for c in CATEGORIES}
   assert set(p.category for p in prompts) == CATEGORIES
   assert min(counts.values()) >= 15, counts
@@ -77,8 +77,8 @@ def test_committed_suite_covers_every_category():
 
 
 def test_training_corpus_is_disjoint_from_the_suite():
-  test = suite.load(SUITE)
-  train = suite.load(TRAIN)
+  test = prompt_suite.load(SUITE)
+  train = prompt_suite.load(TRAIN)
   assert len(train) >= 400
   users = lambda ps: {m["content"].strip().lower() for p in ps for m in p.messages
                       if m["role"] == "user"}
@@ -88,7 +88,7 @@ def test_training_corpus_is_disjoint_from_the_suite():
 
 def test_long_inputs_are_long_and_the_rest_affordable(smollm):
   tok = smollm.tokenizer
-  for p in suite.load(SUITE):
+  for p in prompt_suite.load(SUITE):
     n = len(tok.encode(tok.apply_chat_template(list(p.messages))))
     if p.category == "long_input":
       assert 2000 <= n <= 3000, (p.id, n)
