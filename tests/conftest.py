@@ -7,12 +7,17 @@ import gc
 import os
 import shutil
 import tempfile
+import sys
 import types
 
 import jax
 import pytest
 
 jax.config.update("jax_default_matmul_precision", "highest")
+# docs/examples holds code users copy (an example drafter registered from outside jspec); the tests
+# import it as they would, once per process.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "docs", "examples"))
 
 
 def _compilation_cache() -> None:

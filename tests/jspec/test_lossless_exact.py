@@ -5,8 +5,8 @@ Every draft sequence is enumerated with its probability under q, the acceptance 
 final-token distributions come from `jspec.rejection.chain_outcomes` (the deterministic half of
 `verify_chain`; its random half is checked by the Monte-Carlo test through the real round), p and
 q come from `jspec.sampling.process_logits`, and rounds chain until 3 tokens are out. The
-model-free drafters (suffix, lookahead, prediction) are enumerated through their own `propose`:
-deterministic drafts (q = None) of per-context length.
+model-free drafters (suffix, lookahead, prediction, and docs/examples' bigram drafter) are
+enumerated through their own `propose`: deterministic drafts (q = None) of per-context length.
 """
 
 import dataclasses
@@ -59,7 +59,14 @@ def _model_free_drafter(name, d):
     return Context(tokens=tokens, length=length, prompt_len=length,
                    sampling=SamplingParams.make(1))
 
-  if name == "suffix":
+  if name == "bigram":                           # docs/examples/bigram_drafter.py
+    from bigram_drafter import BigramDrafter
+    drafter = BigramDrafter(d, V)
+
+    def fn(tokens, length):
+      state = drafter.init_state(None, tokens, context(tokens, length), 32)
+      return drafter.propose(None, state, context(tokens, length), None)[0]
+  elif name == "suffix":
     drafter = SuffixDrafter(d, max_depth=4, cache_tokens=32)
     params = SuffixCache(jnp.asarray(pack_cache(_CACHED, 32)))
     fn = lambda tokens, length: drafter.propose(params, (), context(tokens, length), None)[0]
@@ -213,6 +220,7 @@ PARAMS = {
                                              (3, "drafter:suffix", None),
                                              (3, "drafter:lookahead", None),
                                              (3, "drafter:prediction", None),
+                                             (3, "drafter:bigram", None),
                                              (3, "block", None), (3, "markov", None),
                                              (3, "markov-scheduled", None)])
 def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
@@ -234,12 +242,14 @@ def test_a_scheduler_that_reads_past_the_cut_is_not_lossless():
   assert max(abs(got.get(s, 0.0) - p) for s, p in want.items()) > 1e-3
 
 
-@pytest.mark.parametrize("name", ["suffix", "lookahead", "prediction"])
+@pytest.mark.parametrize("name", ["suffix", "lookahead", "prediction", "bigram"])
 def test_model_free_drafters_propose_in_the_enumeration(name):
-  """The enumerated contexts do exercise the drafters: most get a draft, of varied lengths."""
+  """The enumerated contexts do exercise the drafters: most get a draft (the bigram walk: a third,
+  where the last token occurred before), of varied lengths."""
   ctxs = [PROMPT + s for n in range(NEED) for s in itertools.product(range(V), repeat=n)]
   lengths = [model_free_draft(name, c, 3)[1] for c in ctxs]
-  assert sum(n > 0 for n in lengths) > len(ctxs) // 2 and len(set(lengths)) >= 2, lengths
+  share = 3 if name == "bigram" else 2
+  assert sum(n > 0 for n in lengths) > len(ctxs) // share and len(set(lengths)) >= 2, lengths
 
 
 def test_verifying_a_sampled_draft_as_one_hot_loses_acceptance():
