@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jspec.io import atomic_write_bytes
 from models.config import LlamaConfig
@@ -99,6 +101,46 @@ def check_sums(folder: str, expected_sha256: str | None) -> None:
     if got != want:
       raise HeadLoadError(f"{os.path.join(folder, name)} has sha256 {got}, expected {want}: the "
                           "file is corrupt or was changed; restore or re-export the head")
+
+
+def read_weights(folder: str, what: str, expected_sha256: str | None) -> tuple[str, dict]:
+  """(path, tensors) of a head folder's weights, read after its checksums are verified;
+  HeadLoadError for a missing, changed or unreadable file. what: e.g. "an MTP head folder"."""
+  from safetensors.numpy import load_file
+
+  wpath = os.path.join(folder, WEIGHTS)
+  if not os.path.isfile(wpath):
+    raise HeadLoadError(f"{wpath} is missing ({what} holds {CONFIG} and {WEIGHTS})")
+  check_sums(folder, expected_sha256)
+  try:
+    return wpath, load_file(wpath)
+  except Exception as e:   # safetensors raises its own error types for a malformed file
+    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
+
+
+def fill(make, names: dict, tensors, where: str, dtype, fixed: dict | None = None):
+  """The nnx module `make()` builds, with its parameters read from HF-named tensors and nothing
+  computed: `names` maps a parameter path to its tensor name (kernels are stored [out, in] and
+  transposed here; paths the module lacks are skipped: optional parts), `fixed` maps the other
+  paths to their values (e.g. the draft vocabulary). Every path must get a value. A missing
+  tensor or a wrong shape raises HeadLoadError naming it."""
+  graphdef, abstract = nnx.split(nnx.eval_shape(make))
+  flat = dict(nnx.to_flat_state(abstract))
+  values = dict(fixed or {})
+  for path, name in names.items():
+    if path not in flat:
+      continue
+    if name not in tensors:
+      raise HeadLoadError(f"{where} lacks tensor {name!r}")
+    x = np.asarray(tensors[name])
+    x = x.T if path[-1] == "kernel" else x
+    want = tuple(flat[path].shape)
+    if x.shape != want:
+      raise HeadLoadError(f"{where}: {name} has shape {x.shape} (as jspec's [in, out]), "
+                          f"expected {want} from the head's configuration")
+    values[path] = jnp.asarray(x, dtype)
+  return nnx.merge(graphdef, nnx.from_flat_state([(path, var.replace(values[path]))
+                                                  for path, var in flat.items()]))
 
 
 def read_d2t(tensors, wpath: str, draft_vocab_size: int, vocab_size: int) -> np.ndarray:

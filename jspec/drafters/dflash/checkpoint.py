@@ -23,7 +23,7 @@ from flax import nnx
 
 from jspec.drafters import heads
 from jspec.drafters.dflash.module import DFlashConfig, DFlashModule
-from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, fill, read_d2t, read_weights,
                                   write_head_files)
 from jspec.io import check_writable
 
@@ -154,32 +154,10 @@ def read_config(folder: str, kind: str) -> DFlashConfig:
 def load(folder: str, kind: str, *, dtype=jnp.float32, expected_sha256: str | None = None):
   """Reads a DFlash (kind "dflash") or DSpark ("dspark") head folder; every check happens before
   any compilation."""
-  from safetensors.numpy import load_file
-
   cfg = read_config(folder, kind)
-  wpath = os.path.join(folder, WEIGHTS)
-  if not os.path.isfile(wpath):
-    raise HeadLoadError(f"{wpath} is missing (a {kind} head folder holds {CONFIG} and {WEIGHTS})")
-  check_sums(folder, expected_sha256)
-  try:
-    tensors = load_file(wpath)
-  except Exception as e:   # safetensors raises its own error types for a malformed file
-    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
-  ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
-  cls = _MODULES[kind]
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: cls(cfg, dtype=dtype)))
-  filled = []
-  for path, var in nnx.to_flat_state(abstract):
-    if path[-1] == "draft_to_target":
-      filled.append((path, var.replace(jnp.asarray(ids, jnp.int32))))
-      continue
-    name = hf_name(path)
-    if name not in tensors:
-      raise HeadLoadError(f"{wpath} lacks tensor {name!r}")
-    x = np.asarray(tensors[name])
-    x = x.T if path[-1] == "kernel" else x
-    if x.shape != tuple(var.shape):
-      raise HeadLoadError(f"{wpath}: {name} has shape {x.shape} (as jspec's [in, out]), expected "
-                          f"{tuple(var.shape)} from {CONFIG}")
-    filled.append((path, var.replace(jnp.asarray(x, dtype))))
-  return nnx.merge(graphdef, nnx.from_flat_state(filled))
+  wpath, tensors = read_weights(folder, f"a {kind} head folder", expected_sha256)
+  ids = jnp.asarray(read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size), jnp.int32)
+  make = lambda: _MODULES[kind](cfg, dtype=dtype)
+  paths = [path for path, _ in nnx.to_flat_state(nnx.state(nnx.eval_shape(make)))]
+  return fill(make, {p: hf_name(p) for p in paths if p[-1] != "draft_to_target"}, tensors, wpath,
+              dtype, {p: ids for p in paths if p[-1] == "draft_to_target"})

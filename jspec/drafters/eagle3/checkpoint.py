@@ -16,10 +16,9 @@ import os
 
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head
-from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, fill, read_d2t, read_weights,
                                   write_head_files)
 from jspec.io import check_writable
 
@@ -157,36 +156,12 @@ def read_config(folder: str) -> Eagle3Config:
 def load_eagle3(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = None) -> Eagle3Head:
   """Reads a speculators-format EAGLE-3 head; every check happens before any compilation. A head
   with `lm_head="target"` drafts only once its rows are attached (Eagle3Drafter.from_head)."""
-  from safetensors.numpy import load_file
-
   cfg = read_config(folder)
-  wpath = os.path.join(folder, WEIGHTS)
-  if not os.path.isfile(wpath):
-    raise HeadLoadError(f"{wpath} is missing (an EAGLE-3 head folder holds {CONFIG} and "
-                        f"{WEIGHTS})")
-  check_sums(folder, expected_sha256)
-  try:
-    tensors = load_file(wpath)
-  except Exception as e:   # safetensors raises its own error types for a malformed file
-    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
-  head = nnx.eval_shape(lambda: Eagle3Head(cfg, dtype=dtype))
-  graphdef, abstract = nnx.split(head)
-  flat = dict(nnx.to_flat_state(abstract))
-  values = {}
-  for name, path in _tensor_names(cfg):
-    if name not in tensors:
-      raise HeadLoadError(f"{wpath} lacks tensor {name!r}")
-    x = np.asarray(tensors[name])
-    x = x.T if name in _LINEAR else x
-    want = flat[path].shape if hasattr(flat[path], "shape") else flat[path][...].shape
-    if x.shape != tuple(want):
-      raise HeadLoadError(f"{wpath}: {name} has shape {x.shape} (as [in, out]), expected "
-                          f"{tuple(want)} from {CONFIG}")
-    values[path] = jnp.asarray(x, dtype)
+  wpath, tensors = read_weights(folder, "an EAGLE-3 head folder", expected_sha256)
   ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
-  values[("draft_to_target",)] = jnp.asarray(ids, jnp.int32)
+  fixed = {("draft_to_target",): jnp.asarray(ids, jnp.int32)}
   if cfg.lm_head == "target":   # filled from the target by Eagle3Drafter.from_head
-    values[("lm_head", "rows")] = jnp.zeros((cfg.draft_vocab_size, cfg.hidden_size), dtype)
-  filled = [(path, var.replace(values[path]) if hasattr(var, "replace") else values[path])
-            for path, var in flat.items()]
-  return nnx.merge(graphdef, nnx.from_flat_state(filled))
+    fixed[("lm_head", "rows")] = jnp.zeros((cfg.draft_vocab_size, cfg.hidden_size), dtype)
+  return fill(lambda: Eagle3Head(cfg, dtype=dtype), {path: name for name, path in
+                                                     _tensor_names(cfg)}, tensors, wpath, dtype,
+              fixed)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, read_d2t, read_weights,
                                   write_head_files)
 from jspec.drafters.medusa.module import MedusaConfig, MedusaHead
 
@@ -113,17 +113,8 @@ def read_rank_accuracy(folder: str) -> list[list[float]]:
 def load_medusa(folder: str, *, dtype=jnp.float32,
                 expected_sha256: str | None = None) -> MedusaHead:
   """Reads a Medusa head folder; every check happens before any compilation."""
-  from safetensors.numpy import load_file
-
   cfg = read_config(folder)
-  wpath = os.path.join(folder, WEIGHTS)
-  if not os.path.isfile(wpath):
-    raise HeadLoadError(f"{wpath} is missing (a Medusa head folder holds {CONFIG} and {WEIGHTS})")
-  check_sums(folder, expected_sha256)
-  try:
-    tensors = load_file(wpath)
-  except Exception as e:   # safetensors raises its own error types for a malformed file
-    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
+  wpath, tensors = read_weights(folder, "a Medusa head folder", expected_sha256)
 
   def get(name, shape):
     if name not in tensors:

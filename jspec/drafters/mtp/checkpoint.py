@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, check_sums, read_d2t,
+from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, fill, read_d2t, read_weights,
                                   write_head_files)
 from jspec.drafters.mtp.module import MTPConfig, MTPModule
 from models.config import LlamaConfig
@@ -51,26 +51,12 @@ def to_tensors(module: MTPModule, *, prefix: str = "", dtype=jnp.bfloat16) -> di
 
 
 def _fill(cfg: MTPConfig, tensors: Mapping[str, np.ndarray], where: str, *, dtype,
-          prefix: str = "") -> MTPModule:
+          prefix: str = "", ids=None) -> MTPModule:
   """An MTPModule of `cfg` from HF-named tensors; every name the module needs must be there."""
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: MTPModule(cfg, dtype=dtype)))
-  flat = dict(nnx.to_flat_state(abstract))
-  values = {}
-  for name, path in NAMES.items():
-    if path not in flat:
-      continue
-    if prefix + name not in tensors:
-      raise HeadLoadError(f"{where} lacks tensor {prefix + name!r}")
-    x = np.asarray(tensors[prefix + name])
-    x = x.T if path[-1] == "kernel" else x
-    want = tuple(flat[path].shape)
-    if x.shape != want:
-      raise HeadLoadError(f"{where}: {prefix + name} has shape {x.shape} (as jspec's [in, out]), "
-                          f"expected {want} for this MTP configuration")
-    values[path] = jnp.asarray(x, dtype)
-  values[("draft_to_target",)] = jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32)
-  filled = [(path, var.replace(values[path])) for path, var in flat.items()]
-  return nnx.merge(graphdef, nnx.from_flat_state(filled))
+  ids = jnp.arange(cfg.draft_vocab_size, dtype=jnp.int32) if ids is None else ids
+  return fill(lambda: MTPModule(cfg, dtype=dtype), {path: prefix + name for name, path in
+                                                    NAMES.items()}, tensors, where, dtype,
+              {("draft_to_target",): jnp.asarray(ids, jnp.int32)})
 
 
 def _config_dict(cfg: MTPConfig, num_draft: int, verifier: str) -> dict:
@@ -134,21 +120,10 @@ def read_config(folder: str) -> MTPConfig:
 
 def load_mtp(folder: str, *, dtype=jnp.float32, expected_sha256: str | None = None) -> MTPModule:
   """Reads a jspec MTP head folder; every check happens before any compilation."""
-  from safetensors.numpy import load_file
-
   cfg = read_config(folder)
-  wpath = os.path.join(folder, WEIGHTS)
-  if not os.path.isfile(wpath):
-    raise HeadLoadError(f"{wpath} is missing (an MTP head folder holds {CONFIG} and {WEIGHTS})")
-  check_sums(folder, expected_sha256)
-  try:
-    tensors = load_file(wpath)
-  except Exception as e:   # safetensors raises its own error types for a malformed file
-    raise HeadLoadError(f"{wpath} cannot be read as safetensors: {e}") from None
-  module = _fill(cfg, tensors, wpath, dtype=dtype)
+  wpath, tensors = read_weights(folder, "an MTP head folder", expected_sha256)
   ids = read_d2t(tensors, wpath, cfg.draft_vocab_size, cfg.vocab_size)
-  module.draft_to_target[...] = jnp.asarray(ids, jnp.int32)
-  return module
+  return _fill(cfg, tensors, wpath, dtype=dtype, ids=ids)
 
 
 def load_checkpoint_mtp(folder: str, target: LlamaConfig, *, dtype=jnp.float32,
