@@ -10,12 +10,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters.base import Context, Draft
+from jspec.drafters.dflash.module import DFlashConfig, DFlashModule
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.llama import Llama
-from pallas_kernels.verify_attention.reference import attend as reference_attend
 from pallas_kernels.verify_attention import attend_unwritten
-from jspec.drafters.dflash.module import DFlashConfig, DFlashModule
+from pallas_kernels.verify_attention.reference import attend as reference_attend
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)

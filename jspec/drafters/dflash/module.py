@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.drafters.shared import DraftVocab
 from models.config import LlamaConfig
 from models.llama import Block, RMSNorm, rope
-from jspec.drafters.shared import DraftVocab
 
 # attend(layer, q [B, T, Hq, Dh], k, v [B, T, KVH, Dh]) -> out [B, T, Hq, Dh]
 LayerAttend = Callable[[int, jax.Array, jax.Array, jax.Array], jax.Array]

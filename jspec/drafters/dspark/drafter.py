@@ -11,8 +11,8 @@ from flax import nnx
 from jspec.drafters.base import Context, Draft, draft_token
 from jspec.drafters.dflash.drafter import DFlashDrafter, DFlashState, check_block, drafter_params
 from jspec.drafters.dflash.module import DFlashModule
-from models.llama import Llama
 from jspec.drafters.dspark.module import DSparkModule
+from models.llama import Llama
 
 
 @dataclasses.dataclass(frozen=True)

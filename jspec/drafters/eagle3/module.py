@@ -17,10 +17,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.drafters.shared import AttendFn, DraftVocab
 from models import cpu_gemm
 from models.config import LlamaConfig
 from models.llama import MLP, Llama, RMSNorm, rope
-from jspec.drafters.shared import AttendFn, DraftVocab
 
 
 @dataclasses.dataclass(frozen=True)

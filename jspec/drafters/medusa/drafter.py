@@ -11,8 +11,8 @@ from flax import nnx
 
 from jspec.drafters import static_tree
 from jspec.drafters.base import Context, Draft, draft_token
-from models.llama import Llama
 from jspec.drafters.medusa.module import MedusaHead, final_norm
+from models.llama import Llama
 
 
 @jax.tree_util.register_dataclass

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.config import LlamaConfig
 from jspec.drafters.shared import DraftVocab
+from models.config import LlamaConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,10 +11,10 @@ from flax import nnx
 
 from jspec.drafters import eagle_tree
 from jspec.drafters.base import Context, Draft, draft_chain, draft_token
-from models.kv_cache import KVCache
-from models.llama import Llama
 from jspec.drafters.mtp.module import MTPModule, rms_norm
 from jspec.drafters.shared import cache_attend
+from models.kv_cache import KVCache
+from models.llama import Llama
 
 
 @jax.tree_util.register_dataclass

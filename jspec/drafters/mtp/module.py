@@ -18,9 +18,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jspec.drafters.shared import AttendFn, DraftVocab
 from models.config import LlamaConfig
 from models.llama import Block, RMSNorm, rope
-from jspec.drafters.shared import AttendFn, DraftVocab
 
 
 @dataclasses.dataclass(frozen=True)
