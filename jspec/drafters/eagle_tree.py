@@ -112,3 +112,11 @@ def propose_tree(expand, draft_to_target: jax.Array, embed: jax.Array, cache, fe
                      jax.vmap(jnp.searchsorted)(chosen, par_id).astype(jnp.int32) + 1)
   tokens = draft_to_target[jnp.take_along_axis(toks, chosen, axis=1)]
   return Draft(tokens=tokens.astype(jnp.int32), parent=parent.astype(jnp.int32))
+
+
+def check_options(top_k: int, depth: int) -> None:
+  """The tree options every chain head takes (EAGLE-3, MTP): both >= 1 for a tree, both 0 for a
+  chain."""
+  if (top_k > 0) != (depth > 0) or top_k < 0 or depth < 0:
+    raise ValueError(f"EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1 (or neither: "
+                     f"a chain), got tree_top_k={top_k}, tree_depth={depth}")

@@ -8,7 +8,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from jspec.drafters import heads, registry
+from jspec.drafters import eagle_tree, heads, registry
 from jspec.drafters.eagle3.checkpoint import load_eagle3, read_config, save_eagle3
 from jspec.drafters.eagle3.drafter import Eagle3Drafter, Eagle3State
 from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head, attach_target_rows
@@ -27,10 +27,7 @@ class Eagle3Options:
   tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
 
   def __post_init__(self):
-    if (self.tree_top_k > 0) != (self.tree_depth > 0) or self.tree_top_k < 0 or \
-        self.tree_depth < 0:
-      raise ValueError(f"EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1 (or neither: "
-                       f"a chain), got tree_top_k={self.tree_top_k}, tree_depth={self.tree_depth}")
+    eagle_tree.check_options(self.tree_top_k, self.tree_depth)
 
 
 def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None):

@@ -9,7 +9,7 @@ import dataclasses
 import jax
 from flax import nnx
 
-from jspec.drafters import heads, registry
+from jspec.drafters import eagle_tree, heads, registry
 from jspec.drafters.mtp.checkpoint import (load_checkpoint_mtp, load_mtp, read_config, save_mtp,
                                            to_tensors)
 from jspec.drafters.mtp.drafter import MTPDrafter, MTPState
@@ -31,10 +31,7 @@ class MTPOptions:
   tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
 
   def __post_init__(self):
-    if (self.tree_top_k > 0) != (self.tree_depth > 0) or self.tree_top_k < 0 or \
-        self.tree_depth < 0:
-      raise ValueError(f"EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1 (or neither: "
-                       f"a chain), got tree_top_k={self.tree_top_k}, tree_depth={self.tree_depth}")
+    eagle_tree.check_options(self.tree_top_k, self.tree_depth)
     if self.head is not None and self.checkpoint is not None:
       raise ValueError("pass either an MTP head folder (head) or a checkpoint with MTP layers "
                        "(checkpoint), not both")
