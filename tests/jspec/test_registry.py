@@ -61,6 +61,10 @@ def test_a_new_method_needs_only_its_registration(monkeypatch):
      "num_layers must be an integer >= 1"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2.5},
      "needs integers"),
+    ({"method": "eagle3", "num_speculative_tokens": 4, "tree_top_k": 2},
+     "EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1"),
+    ({"method": "mtp", "num_speculative_tokens": 4, "tree_depth": -1},
+     "EAGLE-2 trees need both tree_top_k >= 1 and tree_depth >= 1"),
 ])
 def test_method_options_are_validated(cfg, message):
   with pytest.raises(ValueError, match=message):
