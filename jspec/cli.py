@@ -55,7 +55,7 @@ def cmd_generate(args) -> None:
     num_draft, = cli_args.draft_lengths(args.num_draft) if args.num_draft is not None else (None,)
     spec = cli_args.spec_config(args.drafter, num_draft, args) if args.drafter != "none" else None
     if args.plan and spec is not None:
-      from jspec.adaptive import CostTable
+      from jspec.costs import CostTable
       CostTable.load(args.plan, spec.method)
     mesh = None
     if args.mesh:
@@ -173,7 +173,7 @@ def cmd_bench(args) -> None:
   drafters = tuple(d for d in args.drafters.split(",") if d)
   try:   # everything cheap is checked before the model loads
     if args.plan:
-      from jspec.adaptive import CostTable
+      from jspec.costs import CostTable
       CostTable.load(args.plan)
     prompts = prompt_suite.load(args.prompts)
     cats = args.categories.split(",") if args.categories else None

@@ -2,7 +2,8 @@
 
 A drafter that scores its own drafts (DSpark's confidence head: c_k = P(slot k survives | slots < k
 accepted)) gives each row's survival a_{r,j} = prod_{i <= j} c_{r,i} after post-hoc per-position
-temperature scaling (`fit_temperatures`, saved beside the head as calibration.json). Each round the
+temperature scaling (`fit_temperatures`; saved beside the head as calibration.json,
+jspec.drafters.dspark.calibration). Each round the
 scheduler admits (row, position) candidates in decreasing a_{r,j}: expected tokens
 tau = R + sum of the admitted a, cost = the measured round cost of the compiled verify width that
 holds the longest admitted prefix; it keeps admitting while tau / cost grows and stops at the first
@@ -17,18 +18,14 @@ smallest compiled width that holds every live row's prefix (`lax.switch`, nothin
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.adaptive import AdaptiveDrafter, CostTable, cost_at, cost_tensor
-
-CALIBRATION = "calibration.json"
-
+from jspec.adaptive import AdaptiveDrafter, AdaptiveParams, cost_at, cost_tensor
+from jspec.costs import CostTable
 
 def survival(conf_logits: jax.Array, temperatures: jax.Array) -> jax.Array:
   """[B, D] confidence logits, [D] temperatures -> a [B, D] = cumprod(sigmoid(z / t))."""
@@ -88,35 +85,6 @@ def fit_temperatures(logits: np.ndarray, survived: np.ndarray, grid=None, bins: 
   return temps, np.asarray(before), np.asarray(after)
 
 
-def save_calibration(folder: str, temperatures, *, ece_before=None, ece_after=None,
-                     source: str = "") -> str:
-  from jspec.io import atomic_write_text
-  path = os.path.join(folder, CALIBRATION)
-  atomic_write_text(path, json.dumps(dict(
-      temperatures=[float(t) for t in temperatures], source=source,
-      ece_before=None if ece_before is None else [float(x) for x in ece_before],
-      ece_after=None if ece_after is None else [float(x) for x in ece_after]), indent=2) + "\n")
-  return path
-
-
-def read_calibration(folder: str | None, num: int) -> np.ndarray:
-  """The head folder's per-position temperatures (num of them: the last repeats past its length),
-  or ones where the folder has no calibration.json."""
-  path = None if folder is None else os.path.join(folder, CALIBRATION)
-  if path is None or not os.path.isfile(path):
-    return np.ones(num, np.float32)
-  try:
-    with open(path) as f:
-      t = [float(x) for x in json.load(f)["temperatures"]]
-  except (OSError, ValueError, KeyError, TypeError) as e:
-    raise ValueError(f"{path} is not a confidence calibration ({e}); delete it or re-run the "
-                     "calibration") from None
-  if not t or min(t) <= 0:
-    raise ValueError(f"{path}: temperatures must be positive, got {t}")
-  t = (t + [t[-1]] * num)[:num]
-  return np.asarray(t, np.float32)
-
-
 def default_widths(d: int) -> tuple[int, ...]:
   """The compiled verify widths for a block of d drafts: 0 (a plain step), 1, 2, 3, 4, 6, 8, ...
   up to d."""
@@ -167,6 +135,5 @@ class ConfidenceScheduler(AdaptiveDrafter):
 
 
 def _as_adaptive(params: ScheduleParams, d: int):
-  from jspec.adaptive import AdaptiveParams
   return AdaptiveParams(params.inner, params.cost, jnp.full((d,), 0.5, jnp.float32),
                         params.log_padding)

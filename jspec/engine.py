@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec import tree
-from jspec.drafters.base import Context
+from jspec.drafters.base import Context, WidthPolicy
 from jspec.rejection import verify
 from jspec.sampling import SamplingParams, sample
 from models.kv_cache import KVCache
@@ -127,51 +127,25 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   step = state.round + 1
   ctx = state.context(sampling)
 
-  # 1. draft (an adaptive wrapper over a serial drafter picks the verify width first and asks for
-  # only the drafts it verifies, one more in some rounds; jspec.adaptive)
-  lengths = getattr(drafter, "lengths", None)
+  # 1-3. draft; verify [last committed, d_1..d_W] in one target forward; accept by rejection
+  # sampling. W = D, or the width a width policy picks among its compiled lengths (jspec.adaptive).
   draft_keys = _step_keys(state.keys, step, 1)
-  if lengths is not None and drafter.choose_before_drafting:
-    k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live,
-                       remaining)
-    num = drafter.num_to_draft(k, step)
-    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys, num=num)
-  else:
-    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys)
-  draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
-
-  # 2-3. verify [last committed, d_1..d_W] in one target forward, accept by rejection sampling.
-  # W = D, or (adaptive drafters, jspec.adaptive) the W the drafter picks from earlier rounds and
-  # this draft, among its compiled lengths.
   verify_keys = _step_keys(state.keys, step, 2)
   n_more = jnp.zeros((), jnp.int32)       # plain steps after a plain round's first (adaptive)
-  if draft.parent is not None:
-    n_acc, new, out_cache, hidden = _verify_tree(model, drafter, state, draft, draft_len, sampling,
-                                                 verify_keys)
-    extra_argmax = None
-  elif lengths is None:
-    n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
-        model, drafter, state, draft, draft_len, sampling, verify_keys, d)
+  extra_argmax = None
+  if isinstance(drafter, WidthPolicy):
+    n_acc, n_more, new, out_cache, hidden, extra_argmax, draft_len, dstate = _policy_round(
+        model, drafter, drafter_params, state, ctx, sampling, live, remaining, step, draft_keys,
+        verify_keys)
   else:
-    # The branches leave the target cache alone (a branch returning a written cache makes XLA copy
-    # all of it every round) and return the block's K/V, padded to D + 1, written once here.
-    if not drafter.choose_before_drafting:
-      k = drafter.choose(drafter_params, dstate, draft_len, live, remaining)
-    n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
-        k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
-            for w in lengths],
-        state, draft, draft_len, sampling, verify_keys)
-    out_cache = state.cache.write_block(*new_kv)
-    dstate = drafter.observe(drafter_params, dstate, k, n_acc, new, draft.tokens, draft_len,
-                             live)
-    draft_len = jnp.minimum(draft_len, jnp.asarray(lengths, jnp.int32)[k])
-    plain = getattr(drafter, "plain_block", 1)
-    if plain > 1 and draft.extra is None:
-      # a plain round (length 0) goes on for plain - 1 more target steps: the round's fixed work
-      # is paid once per `plain` tokens (jspec.adaptive)
-      n_more = jnp.where(k == 0, plain - 1, 0)
-      new, out_cache, hidden = _plain_steps(model, drafter, state, out_cache, new, hidden, n_more,
-                                            sampling, verify_keys)
+    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys)
+    draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
+    if draft.parent is not None:
+      n_acc, new, out_cache, hidden = _verify_tree(model, drafter, state, draft, draft_len,
+                                                   sampling, verify_keys)
+    else:
+      n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
+          model, drafter, state, draft, draft_len, sampling, verify_keys, d)
   n_out = n_acc + n_more      # the round's tokens, less one
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
@@ -209,6 +183,41 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
   ctx = dataclasses.replace(state.context(sampling, n_emit), extra_argmax=extra_argmax)
   dstate = drafter.commit(drafter_params, state.drafter_state, ctx)
   return dataclasses.replace(state, drafter_state=dstate)
+
+
+def _policy_round(model, drafter: WidthPolicy, drafter_params, state: SpecState, ctx, sampling,
+                  live, remaining, step, draft_keys, verify_keys):
+  """Draft, choose the width and verify it, for a width policy (jspec.adaptive, jspec.confidence).
+  A serial drafter is asked for only the drafts the chosen width verifies (one more in some
+  rounds); otherwise the choice sees this round's draft. The branches of the switch leave the
+  target cache alone (a branch returning a written cache makes XLA copy all of it every round) and
+  return the block's K/V, padded to D + 1, written once here. A plain round (width 0) goes on for
+  plain_block - 1 more target steps, so that the round's fixed work is paid once per plain_block
+  tokens. Returns (n_acc, n_more, new, cache, hidden, extra_argmax, draft_len, drafter state)."""
+  b, d = state.tokens.shape[0], drafter.num_draft
+  if drafter.choose_before_drafting:
+    k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live,
+                       remaining)
+    num = drafter.num_to_draft(k, step)
+    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys, num=num)
+  else:
+    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys)
+  draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
+  if not drafter.choose_before_drafting:
+    k = drafter.choose(drafter_params, dstate, draft_len, live, remaining)
+  n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
+      k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
+          for w in drafter.lengths],
+      state, draft, draft_len, sampling, verify_keys)
+  out_cache = state.cache.write_block(*new_kv)
+  dstate = drafter.observe(drafter_params, dstate, k, n_acc, new, draft.tokens, draft_len, live)
+  draft_len = jnp.minimum(draft_len, jnp.asarray(drafter.lengths, jnp.int32)[k])
+  n_more = jnp.zeros((), jnp.int32)
+  if drafter.plain_block > 1 and draft.extra is None:
+    n_more = jnp.where(k == 0, drafter.plain_block - 1, 0)
+    new, out_cache, hidden = _plain_steps(model, drafter, state, out_cache, new, hidden, n_more,
+                                          sampling, verify_keys)
+  return n_acc, n_more, new, out_cache, hidden, extra_argmax, draft_len, dstate
 
 
 def _plain_steps(model, drafter, state: SpecState, cache, new, hidden, n_more, sampling, keys):

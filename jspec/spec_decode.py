@@ -12,9 +12,11 @@ import numpy as np
 from flax import nnx
 
 from jspec import engine, sharding
-from jspec.adaptive import AdaptiveDrafter, CostTable, time_rounds, with_round_costs
+from jspec.adaptive import AdaptiveDrafter, time_rounds, with_round_costs
 from jspec.config import SpeculativeConfig
+from jspec.costs import CostTable
 from jspec.decode import DecodeOutput, row_keys, validate_request
+from jspec.drafters.base import Drafter, WidthPolicy
 from jspec.sampling import SamplingParams
 from models.llama import Llama
 
@@ -66,7 +68,11 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
   adaptive config wraps the drafter in `AdaptiveDrafter` with the cost table's round costs."""
   drafter, params = config.entry.build(config.options, config.max_draft, target,
                                        draft_model=draft_model)
-  if getattr(drafter, "confidence_schedule", False):
+  if not isinstance(drafter, Drafter):
+    raise TypeError(f"method {config.method!r} built a {type(drafter).__name__}, which does not "
+                    "subclass jspec.drafters.base.Drafter; derive the drafter class from it "
+                    "(docs/extending.md)")
+  if drafter.confidence_schedule:
     from jspec.confidence import ConfidenceScheduler, default_widths
     costs = cost_table or CostTable.default(method=config.method)
     wrapped = ConfidenceScheduler(drafter, config.draft_lengths or default_widths(drafter.num_draft),
@@ -74,7 +80,7 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
     return wrapped, wrapped.make_params(params, costs, drafter.temperatures or None)
   if not config.adaptive:
     return drafter, params
-  if getattr(drafter, "tree", False):
+  if drafter.tree:
     raise ValueError("adaptive draft lengths (num_speculative_tokens='auto' or draft_lengths) work "
                      "with chains only; give a tree drafter a fixed node budget "
                      "(num_speculative_tokens=N)")
@@ -120,19 +126,12 @@ class SpecDecoder:
     self.drafter_params = self._initial_params
 
   def _after_generate(self, prompts, outputs) -> None:
-    hook = getattr(self.drafter, "after_generate", None)
-    if hook is not None:
-      self.drafter_params = hook(self.drafter_params, prompts, outputs)
+    self.drafter_params = self.drafter.after_generate(self.drafter_params, prompts, outputs)
 
   def _request(self, prediction, b: int):
     """The per-call drafter inputs (predicted outputs), validated before any compilation."""
-    make = getattr(self.drafter, "make_request", None)
-    if make is None:
-      if prediction is not None:
-        raise ValueError(f"prediction= needs the 'prediction' method; this decoder drafts with "
-                         f"{self.spec.method!r}")
-      return None
-    return make(prediction, b, vocab_size=self.config.vocab_size, tokenizer=self.tokenizer)
+    return self.drafter.make_request(prediction, b, vocab_size=self.config.vocab_size,
+                                     tokenizer=self.tokenizer)
 
   def clear_compiled(self) -> None:
     """Drops the compiled programs (each shape's executables stay in memory until then)."""
@@ -151,7 +150,7 @@ class SpecDecoder:
     request = self._request(prediction, b)
     if max_len is None:   # room for the last round's draft and any unverified extras
       max_len = (tokens.shape[1] + int(max_new.max()) + d + 1 +
-                 getattr(self.drafter, "num_extra", 0))
+                 self.drafter.num_extra)
     elif int(lens.max()) + 1 + d > max_len:
       raise ValueError(f"num_speculative_tokens ({d}) is too large for max_len={max_len}: the "
                        f"longest prompt ({int(lens.max())} tokens) + 1 + D must fit; raise max_len "
@@ -270,9 +269,9 @@ class SpecDecoder:
     finish = sharding.to_host(state.finish)
     m = jax.tree_util.tree_map(sharding.to_host, state.metrics)
     rounds = int(m.rounds.sum())
-    chosen = getattr(state.drafter_state, "chosen", None)
-    verified = {} if chosen is None else {
-        int(n): int(c) for n, c in zip(self.drafter.lengths, sharding.to_host(chosen))}
+    verified = {} if not isinstance(self.drafter, WidthPolicy) else {
+        int(n): int(c) for n, c in zip(self.drafter.lengths,
+                                       sharding.to_host(self.drafter.chosen(state.drafter_state)))}
     return SpecOutput(
         token_ids=[buf[i, lens[i]:length[i]].tolist() for i in range(len(lens))],
         finish_reason=[engine.FINISH_REASONS[int(f)] for f in finish], rounds=rounds,

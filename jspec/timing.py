@@ -100,7 +100,7 @@ def time_verify(spec, state, repeats: int = 5, sampling=None) -> float:
   the unverified tokens a drafter adds to it (lookahead's window; `sampling` needed then).
 
   The cache is donated and fed back, so that no call pays for a copy the real round never makes."""
-  if getattr(spec.drafter, "num_extra", 0):
+  if spec.drafter.num_extra:
     return _time_verify_extras(spec, state, sampling, repeats)
   d = spec.num_draft
   slots = jnp.clip(state.length[:, None] - 1 + jnp.arange(d + 1)[None, :], 0,

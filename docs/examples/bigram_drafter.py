@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft
+from jspec.drafters.base import Context, Draft, Drafter
 
 
 def successors(tokens: jax.Array, length: jax.Array, vocab: int) -> jax.Array:
@@ -22,7 +22,7 @@ def successors(tokens: jax.Array, length: jax.Array, vocab: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class BigramDrafter:
+class BigramDrafter(Drafter):
   num_draft: int
   vocab: int
   target_taps: tuple[int, ...] = ()

@@ -211,7 +211,7 @@ def run(loaded, prompts: list[Prompt], *, drafters=("ngram", "layer-skip"), num_
           if (c, b, cat) not in parts:
             state, params = specs[c].prefill(ids, seed=seed, **kw)
             vkey = (b, c[1], state.tokens.shape, specs[c].drafter.target_taps,
-                    getattr(specs[c].drafter, "num_extra", 0))
+                    specs[c].drafter.num_extra)
             dkey = (c, b, state.tokens.shape)
             if vkey not in timed:     # first: it consumes the cache, time_draft the drafter state
               timed[vkey] = time_verify(specs[c], state, sampling=params)

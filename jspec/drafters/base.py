@@ -1,16 +1,18 @@
-"""The drafter interface every method implements (n-gram, draft model, layer-skip, EAGLE-3, suffix,
-lookahead, predicted outputs; MTP, Medusa, DFlash, DSpark later).
+"""The drafter interface every method implements, and the width-policy interface of the wrappers
+that choose how many drafts a round verifies (jspec.adaptive, jspec.confidence).
 
 A drafter is a frozen, hashable object holding only static configuration, so it can be a static
-argument of `jax.jit`. Its arrays live in two pytrees the engine threads through the round:
-`params` (read-only weights; `None` for model-free drafters) and `state` (caches, features; updated
-by `propose` and `commit`). All three methods run inside the engine's single jitted round.
+argument of `jax.jit`: subclass `Drafter` as a frozen dataclass. Its arrays live in two pytrees the
+engine threads through the round: `params` (read-only weights; `None` for model-free drafters) and
+`state` (caches, features; updated by `propose` and `commit`). All three methods run inside the
+engine's single jitted round. The optional hooks are declared on `Drafter` with the defaults the
+engine assumes; a method overrides only the ones it uses.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -68,7 +70,10 @@ class Context:
                                 # predicted outputs); None when there are none
 
 
-class Drafter(Protocol):
+class Drafter:
+  """Subclass it (a frozen dataclass) and define num_draft, target_taps, init_state, propose and
+  commit. The class attributes and methods after them are optional hooks, shown with their
+  defaults."""
   num_draft: int                     # D, static
   target_taps: tuple[int, ...]       # hidden-state taps the drafter wants from every verify
 
@@ -76,17 +81,79 @@ class Drafter(Protocol):
     """Builds the drafter state after the target's prefill. prompt: [B, P] right-padded prompt
     tokens (lengths ctx.prompt_len); ctx already holds the first sampled token, and its
     target_hidden holds the prompt's taps [B, P, H]."""
+    raise NotImplementedError
 
   def propose(self, params: Any, state: Any, ctx: Context, key: jax.Array) -> tuple[Draft, Any]:
     """Proposes D tokens per row following ctx.tokens[:, :ctx.length]. key: [B] per-row keys.
-    A drafter whose cost grows with the drafts (a serial model) may set `variable_length = True`
-    and take `num` (a traced int32 in 1..D): draft only the first `num`, with Draft.length = num;
-    the adaptive wrapper (jspec.adaptive) then drafts only what it will verify."""
+    A drafter with `variable_length` also takes `num` (a traced int32 in 1..D): it drafts only the
+    first `num`, with Draft.length = num."""
+    raise NotImplementedError
 
   def commit(self, params: Any, state: Any, ctx: Context) -> Any:
     """Sees the context after acceptance (lengths advanced by ctx.num_new, the verified block's
     taps: block position j < num_new holds the tap of committed position length-1-num_new+j);
     returns the new state."""
+    raise NotImplementedError
+
+  # Optional hooks.
+  tree: bool = False                 # propose returns trees (Draft.parent); D is the node budget,
+                                     # and adaptive widths do not apply
+  variable_length: bool = False      # propose(num=...) drafts only `num` tokens: a drafter whose
+                                     # cost grows with the drafts (a serial model), so that the
+                                     # adaptive wrapper drafts only what it will verify
+  num_extra: int = 0                 # E: unverified tokens (Draft.extra) every verify also runs
+  confidence_schedule: bool = False  # the drafter has propose_with_confidence(params, state, ctx,
+                                     # key) -> (Draft, [B, D] confidence logits) and per-position
+                                     # `temperatures`: verified under jspec.confidence's schedule
+
+  def make_request(self, prediction: Sequence | None, batch_size: int, *, vocab_size: int,
+                   tokenizer=None) -> Any:
+    """The per-call drafter inputs (Context.request in init_state) from generate(prediction=...),
+    checked before anything compiles. A drafter without per-call inputs takes none."""
+    if prediction is not None:
+      raise ValueError(f"prediction= needs the 'prediction' method; {type(self).__name__} takes "
+                       "no per-call inputs")
+    return None
+
+  def after_generate(self, params: Any, prompts: Sequence, outputs: Sequence) -> Any:
+    """The drafter params after a generate call (prompts and outputs as token lists), for a
+    drafter that learns across calls (suffix decoding's global cache); unchanged by default."""
+    return params
+
+
+class WidthPolicy(Drafter):
+  """A drafter wrapper that chooses each round, among compiled verify widths `lengths` (0 = a
+  plain round), how many drafts the round verifies (jspec.adaptive, jspec.confidence). The engine
+  verifies under `lax.switch` over the widths and writes the block's K/V once outside it."""
+  lengths: tuple[int, ...]
+
+  @property
+  def choose_before_drafting(self) -> bool:
+    """Choose the width before propose, and ask the inner drafter for num_to_draft drafts."""
+    raise NotImplementedError
+
+  @property
+  def plain_block(self) -> int:
+    """Target steps a plain round (width 0) decodes."""
+    raise NotImplementedError
+
+  def choose(self, params: Any, state: Any, draft_len: jax.Array, live: jax.Array,
+             remaining: jax.Array | None = None) -> jax.Array:
+    """[] the index into `lengths` this round verifies, from earlier rounds and this draft only."""
+    raise NotImplementedError
+
+  def num_to_draft(self, k: jax.Array, round_index: jax.Array) -> jax.Array:
+    """[] the drafts to ask for in a round verifying lengths[k] (choose_before_drafting)."""
+    raise NotImplementedError
+
+  def observe(self, params: Any, state: Any, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
+              draft_tokens: jax.Array, draft_len: jax.Array, live: jax.Array) -> Any:
+    """The state after the round's outcome (before commit)."""
+    raise NotImplementedError
+
+  def chosen(self, state: Any) -> jax.Array:
+    """[len(lengths)] rounds that verified each width so far."""
+    raise NotImplementedError
 
 
 def draft_chain(step, carry, first: tuple[jax.Array, jax.Array | None], num_draft: int,

@@ -18,13 +18,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft, draft_chain, draft_token
+from jspec.drafters.base import Context, Draft, Drafter, draft_chain, draft_token
 from models.kv_cache import KVCache
 from models.llama import Llama
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
   graphdef: Any            # nnx.GraphDef of the draft model (hashable, static)
   num_draft: int
   sample: bool = True      # sample from the processed q (recorded); False: argmax, q = None

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.adaptive import CostTable
+from jspec.costs import CostTable
 from jspec.plan import model as cm
 from jspec.timing import Point, measure_bandwidth, time_draft
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jspec.adaptive import CostTable
+from jspec.costs import CostTable
 
 
 def acceptance_length(reach: list[float], d: int) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from jspec.adaptive import CostTable
+from jspec.costs import CostTable
 
 
 def batch_acceptance(r: dict) -> float:

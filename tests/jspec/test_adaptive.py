@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, SpeculativeConfig, count_compiles, engine
-from jspec.adaptive import (AdaptiveDrafter, CostTable, choose_length, expected_lengths,
-                            fit_round_costs, update_estimates)
+from jspec.adaptive import AdaptiveDrafter, choose_length, expected_lengths, update_estimates
+from jspec.costs import CostTable, fit_round_costs
 from models import Llama, LlamaConfig
 
 CFG = LlamaConfig.tiny()
@@ -220,17 +220,51 @@ def test_config_errors():
 
 
 def test_wrapper_passes_the_drafters_hooks_through():
-  from jspec.drafters.model_free.prediction import PredictionDrafter
-  from jspec.drafters.model_free.suffix import SuffixDrafter
-  assert AdaptiveDrafter(PredictionDrafter(3, 1, 3)).make_request is not None
-  assert AdaptiveDrafter(SuffixDrafter(3)).after_generate is not None
+  from jspec.adaptive import AdaptiveParams
+  from jspec.drafters.base import Drafter
+  from jspec.drafters.model_free.lookahead import LookaheadDrafter
   from jspec.drafters.model_free.ngram import NgramDrafter
+  from jspec.drafters.model_free.prediction import PredictionDrafter
+
+  @dataclasses.dataclass(frozen=True)
+  class Counting(NgramDrafter):      # a drafter that learns across calls: params count outputs
+    def after_generate(self, params, prompts, outputs):
+      return params + len(outputs)
+
+  inner = PredictionDrafter(3, 1, 3)
+  want = inner.make_request([[5, 6], None], 2, vocab_size=CFG.vocab_size)
+  got = AdaptiveDrafter(inner).make_request([[5, 6], None], 2, vocab_size=CFG.vocab_size)
+  assert np.array_equal(got.tokens, want.tokens) and np.array_equal(got.length, want.length)
   w = AdaptiveDrafter(NgramDrafter(3))
-  assert w.make_request is None and w.after_generate is None and w.num_extra == 0
+  assert isinstance(w, Drafter) and w.make_request(None, 2, vocab_size=CFG.vocab_size) is None
+  with pytest.raises(ValueError, match="prediction= needs the 'prediction' method"):
+    w.make_request([[1]], 1, vocab_size=CFG.vocab_size)
+  params = AdaptiveParams(inner=7, cost=None, prior=None, log_padding=None)
+  assert w.after_generate(params, [[1]], [[2]]) == params                # the default: unchanged
+  assert AdaptiveDrafter(Counting(3)).after_generate(params, [[1]], [[2], [3]]).inner == 9
+  assert w.num_extra == 0 and AdaptiveDrafter(LookaheadDrafter(3)).num_extra == \
+      LookaheadDrafter(3).num_extra > 0
   assert w.plain_block == 4 and AdaptiveDrafter(NgramDrafter(2), (0, 2)).plain_block == 3
   assert AdaptiveDrafter(NgramDrafter(3), (1, 3)).plain_block == 1     # no plain round
   with pytest.raises(ValueError, match="plain_steps must be an integer >= 1"):
     AdaptiveDrafter(NgramDrafter(3), plain_steps=0)
+
+
+def test_a_drafter_must_derive_from_the_base_class(tiny, monkeypatch):
+  """A registered method whose build returns a class outside the Drafter hierarchy gets a clear
+  error at SpecDecoder(...), before anything compiles."""
+  from jspec.drafters import registry
+  from jspec.drafters.model_free.ngram import NgramOptions
+
+  @dataclasses.dataclass(frozen=True)
+  class Loose:
+    num_draft: int
+    target_taps: tuple = ()
+
+  monkeypatch.setitem(registry._METHODS, "loose_test", registry.Method(
+      "loose_test", NgramOptions, lambda opts, d, target, **kw: (Loose(d), None)))
+  with pytest.raises(TypeError, match="does not subclass jspec.drafters.base.Drafter"):
+    SpecDecoder(tiny, {"method": "loose_test", "num_speculative_tokens": 2})
 
 
 def test_calibrated_acceptance_is_the_starting_estimate(tiny):

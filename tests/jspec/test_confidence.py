@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, count_compiles
-from jspec.adaptive import CostTable
-from jspec.confidence import (default_widths, fit_temperatures, prefix_lengths, read_calibration,
-                              save_calibration)
+from jspec.costs import CostTable
+from jspec.confidence import default_widths, fit_temperatures, prefix_lengths
+from jspec.drafters.dspark.calibration import read_calibration, save_calibration
 from models import Llama, LlamaConfig
 
 

@@ -172,7 +172,7 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   if cfg.get("confidence_schedule"):
     # one round of 20,000 rows: a width-2 round is too dear, so the scheduler cuts each row at
     # 0 or 1 by comparing its survival with the best second-position survival of the batch
-    from jspec.adaptive import CostTable
+    from jspec.costs import CostTable
     costs = CostTable({1: {1: 1.0, 2: 1.0, 3: 1.0}}, round={1: {0: 1.0, 1: 1.00001, 2: 10.0}})
   # time_rounds=False: the chunks' cost tables below force the lengths
   decoder = SpecDecoder(target, cfg, draft_model=drafts.get(method), cost_table=costs,
@@ -181,7 +181,7 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   if cfg["num_speculative_tokens"] == "auto":
     # one round per row, its last token (any length finishes the row: the cheapest round wins):
     # verify costs that make successive chunks verify 2, 1 and 0 drafts (a plain round: 3 steps)
-    from jspec.adaptive import CostTable
+    from jspec.costs import CostTable
     tables = [{1: 1.0, 2: 5.0, 3: 1.0}, {1: 1.0, 2: 1.0, 3: 10.0}, {1: 1.0, 2: 5.0, 3: 10.0}]
     inner = decoder.drafter_params.inner
 
@@ -215,7 +215,7 @@ def test_plain_rounds_sample_the_target(target, t, k, p):
   """A plain round of the adaptive round (length 0) decodes several target steps in one round:
   the joint of generated tokens 2 and 3 (both from one plain round, after the prefill's token 1)
   against the target's, marginalised over token 1 exactly."""
-  from jspec.adaptive import CostTable
+  from jspec.costs import CostTable
   decoder = SpecDecoder(target, {"method": "ngram", "num_speculative_tokens": 3,
                                  "draft_lengths": [0, 3]},
                         cost_table=CostTable({1: {1: 1.0}}, round={1: {0: 0.01, 3: 100.0}}),

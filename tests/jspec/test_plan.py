@@ -3,7 +3,7 @@ schedule's lookup, and `jspec plan` end to end on a tiny model (tests/jspec/test
 
 import pytest
 
-from jspec.adaptive import CostTable, fit_round_costs
+from jspec.costs import CostTable, fit_round_costs
 from jspec.plan import model as cm
 
 

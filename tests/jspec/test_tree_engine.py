@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder, SpecDecoder, count_compiles, engine
-from jspec.drafters.base import Draft
+from jspec.drafters.base import Draft, Drafter
 from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
 from models import KVCache, Llama, LlamaConfig
 
@@ -33,7 +33,7 @@ def _prompts(seed, lengths):
 
 
 @dataclasses.dataclass(frozen=True)
-class OracleTree:
+class OracleTree(Drafter):
   """params: the reference continuation [B, S] (prompt + plain output). At each depth two
   children: a wrong token, then the right one (which alone has children); at depths where
   (length + depth) % 4 == 3 both are wrong."""

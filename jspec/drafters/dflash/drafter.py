@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters.base import Context, Draft
+from jspec.drafters.base import Context, Draft, Drafter
 from jspec.drafters.dflash.module import DFlashConfig, DFlashModule
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
@@ -37,7 +37,7 @@ def _write_context(module: DFlashModule, cache: KVCache, taps, start: jax.Array,
 
 
 @dataclasses.dataclass(frozen=True)
-class DFlashDrafter:
+class DFlashDrafter(Drafter):
   """params: {"drafter": nnx.State of the module, "embed": the target's embedding [V, H], "head":
   its LM-head rows of the draft vocabulary [Vd, H]}."""
   graphdef: Any                       # nnx.GraphDef of the module (static)

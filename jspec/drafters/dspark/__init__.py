@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from jspec.confidence import read_calibration
+from jspec.drafters.dspark.calibration import read_calibration, save_calibration
 from jspec.drafters import heads, registry
 from jspec.drafters.dflash.checkpoint import load_for_target, register_module
 from jspec.drafters.dspark.drafter import DSparkDrafter
 from jspec.drafters.dspark.module import DSparkModule
 from models.llama import Llama
 
-__all__ = ["DSparkDrafter", "DSparkModule", "DSparkOptions"]
+__all__ = ["DSparkDrafter", "DSparkModule", "DSparkOptions", "read_calibration", "save_calibration"]
 
 register_module("dspark", DSparkModule)
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters import eagle_tree
-from jspec.drafters.base import Context, Draft, draft_chain, draft_token
+from jspec.drafters.base import Context, Draft, Drafter, draft_chain, draft_token
 from jspec.drafters.eagle3.module import Eagle3Head, attach_target_rows
 from jspec.drafters.shared import cache_attend
 from models.kv_cache import KVCache
@@ -26,7 +26,7 @@ class Eagle3State:
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle3Drafter:
+class Eagle3Drafter(Drafter):
   """params: {"head": nnx.State of an Eagle3Head, "embed": the target's embedding [V, H]}."""
   graphdef: Any                       # nnx.GraphDef of the head (static)
   num_draft: int

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters import static_tree
-from jspec.drafters.base import Context, Draft, draft_token
+from jspec.drafters.base import Context, Draft, Drafter, draft_token
 from jspec.drafters.medusa.module import MedusaHead, final_norm
 from models.llama import Llama
 
@@ -23,7 +23,7 @@ class MedusaState:
 
 
 @dataclasses.dataclass(frozen=True)
-class MedusaDrafter:
+class MedusaDrafter(Drafter):
   """params: {"head": nnx.State of a MedusaHead, "norm": the target's final norm scale [H]}."""
   graphdef: Any                       # nnx.GraphDef of the head (static)
   num_draft: int

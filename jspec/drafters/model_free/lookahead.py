@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft, ExtraTokens
+from jspec.drafters.base import Context, Draft, Drafter, ExtraTokens
 
 MAX_EXTRA = 64          # window tokens run with each verify: W * (N - 1)
 
@@ -40,7 +40,7 @@ class LookaheadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class LookaheadDrafter:
+class LookaheadDrafter(Drafter):
   num_draft: int
   window: int = 5            # W
   ngram: int = 4             # N: pooled n-grams are the key token + N-1 draft tokens

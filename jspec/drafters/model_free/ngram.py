@@ -10,11 +10,11 @@ import jax
 import jax.numpy as jnp
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft
+from jspec.drafters.base import Context, Draft, Drafter
 
 
 @dataclasses.dataclass(frozen=True)
-class NgramDrafter:
+class NgramDrafter(Drafter):
   num_draft: int
   min_n: int = 1
   max_n: int = 4

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft
+from jspec.drafters.base import Context, Draft, Drafter
 from jspec.drafters.model_free.ngram import NgramDrafter, NgramOptions
 
 
@@ -40,7 +40,7 @@ def _bucket(n: int) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class PredictionDrafter:
+class PredictionDrafter(Drafter):
   num_draft: int
   resync_min: int = 1
   resync_max: int = 4

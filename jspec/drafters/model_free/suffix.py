@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jspec.drafters import registry
-from jspec.drafters.base import Context, Draft
+from jspec.drafters.base import Context, Draft, Drafter
 
 SEP = -1                 # separates entries of the global cache and fills its free tail
 _TOKEN_BITS = 20         # frequency-major, token-minor scores: vocabularies below 2**20
@@ -67,7 +67,7 @@ def unpack_cache(tokens) -> list[list[int]]:
 
 
 @dataclasses.dataclass(frozen=True)
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
   num_draft: int
   max_depth: int = 24            # longest suffix match considered
   spec_factor: float = 1.0       # alpha: a match of m tokens proposes <= floor(alpha * m + offset)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters import eagle_tree
-from jspec.drafters.base import Context, Draft, draft_chain, draft_token
+from jspec.drafters.base import Context, Draft, Drafter, draft_chain, draft_token
 from jspec.drafters.mtp.module import MTPModule, rms_norm
 from jspec.drafters.shared import cache_attend
 from models.kv_cache import KVCache
@@ -26,7 +26,7 @@ class MTPState:
 
 
 @dataclasses.dataclass(frozen=True)
-class MTPDrafter:
+class MTPDrafter(Drafter):
   """params: {"mtp": nnx.State of an MTPModule, "embed": the target's embedding [V, H], "norm":
   its final norm's scale [H], "head": its LM-head rows of the draft vocabulary [Vd, H]}."""
   graphdef: Any                       # nnx.GraphDef of the module (static)
