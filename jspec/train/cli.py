@@ -1,6 +1,7 @@
 """`jspec train data` (regenerate replies with the target), `jspec train eagle3` (train, resume,
 export a speculators-format head), `jspec train medusa`, `mtp`, `dflash` and `dspark` (the same
-for Medusa heads, MTP modules and DFlash / DSpark block drafters)."""
+for Medusa heads, MTP modules and DFlash / DSpark block drafters), `jspec train calibrate` (the
+calibration saved beside a DSpark or Medusa head)."""
 
 from __future__ import annotations
 
@@ -184,7 +185,7 @@ def cmd_replay(args) -> None:
   target, tok = loaded.model, loaded.tokenizer
   ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
   # the replies depend only on the target and the prompts: kept in --replies between heads
-  key = dict(model=loaded.name, max_new_tokens=args.max_new_tokens,
+  key = dict(model=loaded.name, max_new_tokens=args.max_new_tokens, eos_ids=list(tok.eos_ids),
              prompts=hashlib.sha256(json.dumps(ids).encode()).hexdigest())
   replies = None
   if args.replies and os.path.isfile(args.replies):
@@ -196,7 +197,7 @@ def cmd_replay(args) -> None:
       replies = None
   if replies is None:
     replies = greedy_replies(target, ids, max_new_tokens=args.max_new_tokens,
-                             batch_size=args.batch_size)
+                             eos_ids=tok.eos_ids, batch_size=args.batch_size)
     if args.replies:
       from jspec.io import atomic_write_bytes
       atomic_write_bytes(args.replies, json.dumps(dict(key=key, replies=replies)).encode())
@@ -213,6 +214,36 @@ def cmd_replay(args) -> None:
     from jspec.io import atomic_write_bytes
     atomic_write_bytes(args.json, (text + "\n").encode())
   print(text)
+
+
+def cmd_calibrate(args) -> None:
+  import models
+  from jspec import prompt_suite
+  from jspec.drafters import heads
+  from jspec.train.calibrate import calibrate_dspark, calibrate_medusa, pack_replies
+
+  try:
+    _positive(args, "num", "max_prompt_tokens", "ranks")
+    if args.max_new_tokens < 2:
+      raise ValueError(f"--max-new-tokens must be >= 2, got {args.max_new_tokens}")
+    loaded = models.load(args.model, quiet=True)
+    folder = args.head or heads.shipped_head(args.method, loaded.model.config)[0]
+    if not os.path.isdir(folder):
+      raise ValueError(f"--head {folder} is not a folder; give a trained {args.method} head")
+    tok = loaded.tokenizer
+    ids = [tok.encode(tok.apply_chat_template(list(p.messages)))
+           for p in prompt_suite.load(args.prompts)]
+    ids = [p for p in ids if len(p) <= args.max_prompt_tokens][:args.num]
+    if not ids:
+      raise ValueError(f"{args.prompts} has no prompt of at most {args.max_prompt_tokens} tokens")
+    data = pack_replies(loaded.model, ids, eos_ids=tok.eos_ids, max_new_tokens=args.max_new_tokens)
+    run = calibrate_dspark if args.method == "dspark" else calibrate_medusa
+    extra = {"ranks": args.ranks} if args.method == "medusa" else {}
+    summary = run(loaded.model, folder, data, source=args.prompts, **extra)
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  print(json.dumps({"head": os.path.abspath(folder), "prompts": len(ids),
+                    "reply_tokens": data.reply_tokens, **summary}, indent=2))
 
 
 def cmd_medusa(args) -> None:
@@ -381,6 +412,20 @@ def add_parser(sub, default_model: str) -> None:
                       "when missing or made for other prompts, settings or model)")
   r.add_argument("--json", default=None, help="also write the result here")
   r.set_defaults(func=cmd_replay)
+  c = tsub.add_parser("calibrate", help="measure a trained head's calibration on prompts it never "
+                                       "saw and save it beside the head: DSpark's confidence "
+                                       "temperatures (confidence_schedule), Medusa's rank "
+                                       "accuracies (tree_choices='auto')")
+  c.add_argument("method", choices=["dspark", "medusa"])
+  c.add_argument("--prompts", required=True,
+                 help="prompts the head never trained on, not the benchmark suite (JSON Lines)")
+  c.add_argument("--head", default=None, help="the head folder (default: the shipped head)")
+  c.add_argument("--model", default=default_model)
+  c.add_argument("--num", type=int, default=24, help="prompts used")
+  c.add_argument("--max-prompt-tokens", type=int, default=192, help="longer prompts are skipped")
+  c.add_argument("--max-new-tokens", type=int, default=96, help="greedy reply tokens per prompt")
+  c.add_argument("--ranks", type=int, default=4, help="medusa: candidates ranked per head")
+  c.set_defaults(func=cmd_calibrate)
   from jspec.train.prompts.cli import add_parser as add_prompts_parser
   add_prompts_parser(tsub, default_model)
 

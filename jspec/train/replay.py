@@ -58,14 +58,15 @@ def replay_greedy(preds: np.ndarray, tokens: np.ndarray, prompt_len: int, end: i
   return out
 
 
-def greedy_replies(target, prompts, *, max_new_tokens: int, batch_size: int = 8) -> list[list[int]]:
-  """The target's greedy replies to token-id prompts, stopping at its EOS (as `jspec bench` runs
-  them)."""
+def greedy_replies(target, prompts, *, max_new_tokens: int, eos_ids=(),
+                   batch_size: int = 8) -> list[list[int]]:
+  """The target's greedy replies to token-id prompts, each ending at its first EOS (`eos_ids`, kept)
+  or after max_new_tokens, as `jspec bench` runs them."""
   from jspec.decode import Decoder
 
   if max_new_tokens < 2:
     raise ValueError(f"max_new_tokens must be >= 2 to replay rounds, got {max_new_tokens}")
-  dec = Decoder(target)
+  dec = Decoder(target, eos_ids=eos_ids)
   out = []
   for i in range(0, len(prompts), batch_size):
     out += [list(r) for r in dec.generate(prompts[i:i + batch_size],
