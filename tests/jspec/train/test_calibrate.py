@@ -40,6 +40,13 @@ def test_replies_are_plain_greedy_decoding(target, data):
     n = len(p) + len(r)
     assert packed.length[i] == n and packed.tokens[i, :n].tolist() == p + list(r)
     assert packed.reply[i].tolist() == [len(p) <= j < n for j in range(packed.tokens.shape[1])]
+  eos = plain[0][5]                  # a token the first reply makes: replies end at it, kept
+  cut = pack_replies(target, prompts, eos_ids=(eos,), max_new_tokens=24)
+  for i, (p, r) in enumerate(zip(prompts, plain)):
+    r = list(r)
+    want = r[:r.index(eos) + 1] if eos in r else r
+    assert cut.tokens[i, len(p):cut.length[i]].tolist() == want
+  assert cut.length[0] <= len(prompts[0]) + 6
 
 
 def test_dspark_temperatures_are_saved_beside_the_head(target, data, tmp_path):
