@@ -103,8 +103,9 @@ class Drafter:
                                      # adaptive wrapper drafts only what it will verify
   num_extra: int = 0                 # E: unverified tokens (Draft.extra) every verify also runs
   confidence_schedule: bool = False  # the drafter has propose_with_confidence(params, state, ctx,
-                                     # key) -> (Draft, [B, D] confidence logits) and per-position
-                                     # `temperatures`: verified under jspec.confidence's schedule
+                                     # key) -> (Draft, [B, D] confidence logits): verified under
+                                     # jspec.confidence's schedule
+  temperatures: tuple[float, ...] = ()   # the confidences' per-position calibration (none: 1)
 
   def make_request(self, prediction: Sequence | None, batch_size: int, *, vocab_size: int,
                    tokenizer=None) -> Any:
