@@ -48,7 +48,7 @@ def cmd_data(args) -> None:
 
 
 def cmd_snapshot(args) -> None:
-  from jspec.train.data import snapshot
+  from jspec.train.shards import snapshot
 
   sources = []
   for spec in args.sources:
@@ -83,7 +83,7 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
   import models
   from jspec.io import check_writable
   from jspec.train import eagle3, trainer
-  from jspec.train.data import read_manifest, token_counts
+  from jspec.train.shards import read_manifest, token_counts
 
   try:   # everything cheap first: settings, data, writable outputs
     cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
@@ -286,7 +286,7 @@ def _cmd_block(args, kind: str) -> None:
   from jspec.drafters import heads
   from jspec.drafters.dflash import checkpoint as dflash_format
   from jspec.train import dflash
-  from jspec.train.data import token_counts
+  from jspec.train.shards import token_counts
   from jspec.train.features import cache_features
 
   def validate():

@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 from flax import nnx
 
-from jspec.train.data import MANIFEST, TokenShards, read_manifest
+from jspec.train.shards import MANIFEST, TokenShards, read_manifest
 from models.kv_cache import KVCache
 
 DTYPE = ml_dtypes.bfloat16

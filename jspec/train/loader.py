@@ -1,5 +1,5 @@
 """The checkpointable grain loader that training reads: batches of a data dir's token shards
-(jspec.train.data), with the target's cached features (jspec.train.features) where asked."""
+(jspec.train.shards), with the target's cached features (jspec.train.features) where asked."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from jspec.train.data import TokenShards
+from jspec.train.shards import TokenShards
 from jspec.train.features import FeatureShards
 
 HOLDOUT_SEED = 12345   # the fixed permutation that sets held-out sequences aside

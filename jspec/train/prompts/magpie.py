@@ -8,11 +8,109 @@ families. One JSON Lines file per family; merge them with `jspec train prompts -
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections import Counter
+from typing import Sequence
 
 import numpy as np
 
-from jspec.train.data import synthesize_prompts
+from jspec.slots import Request, SlotDecoder
+from jspec.train.chat import clean_user_turn, user_header
+from jspec.train.shards import derive_seed, progress_bar, read_jsonl, unpack_model, write_atomic
+
+SYNTH_BATCHES_PER_CALL = 4   # Magpie batches sampled per SlotDecoder call (refill across them)
+
+
+def synthesize_prompts(model, tokenizer, out_path: str, *, num_prompts: int, batch_size: int,
+                       max_new_tokens: int = 96, temperature: float = 1.0, top_p: float = 0.95,
+                       seed: int = 0, system: str | None = None, model_name: str | None = None,
+                       openings: Sequence[str] = ("",), category: str = "magpie",
+                       drop_truncated: bool = True, progress: bool = True) -> list[dict]:
+  """Samples user turns from the target given only its chat template's user header (Magpie) and
+  appends them to `out_path` (JSON Lines, the benchmark suite's format); returns the first
+  `num_prompts` records.
+
+  openings steer the turns toward a kind of request: row r of batch b starts its user turn with
+  openings[(b * batch_size + r) % len(openings)] (e.g. "Write a poem about") and the target
+  writes the rest; records get `category` and ids `<category>-<batch>-<row>`.
+
+  Drops turns that are empty, shorter than MIN_PROMPT_CHARS, contain special tokens, repeat an
+  earlier one exactly, or (drop_truncated) did not end with EOS within max_new_tokens. Resumable
+  and deterministic: batch b is always sampled with a seed derived from (seed, b), and a record's
+  id names its batch and row, so a restarted or extended run equals an uninterrupted one.
+  """
+  model, name = unpack_model(model, model_name)
+  if num_prompts < 0 or batch_size < 1 or max_new_tokens < 1:
+    raise ValueError("num_prompts must be >= 0, batch_size and max_new_tokens >= 1")
+  if not tokenizer.eos_ids:
+    raise ValueError("the tokenizer has no EOS ids; a sampled user turn could never end")
+  openings = list(openings)
+  if not openings or not all(isinstance(o, str) for o in openings):
+    raise ValueError(f"openings must be a non-empty list of strings, got {openings!r:.80}")
+  header = user_header(tokenizer, system)
+  starts = [list(tokenizer.encode(header + o)) for o in openings]
+  source = (f"magpie: user turn sampled by {name} from the chat template's user header, "
+            f"T={temperature} top-p {top_p}, max {max_new_tokens} tokens, seed {seed}"
+            + (f", system prompt {system!r}" if system else "")
+            + (f", opening words {openings!r}" if openings != [""] else ""))
+  records = read_jsonl(out_path) if os.path.exists(out_path) else []
+  for r in records:
+    if r.get("source") != source:
+      raise ValueError(f"{out_path} holds prompts made otherwise ({r.get('source')!r}); this run "
+                       f"would make {source!r}. Use another out_path.")
+  if len(records) >= num_prompts:
+    return records[:num_prompts]
+
+  have_ids = {r["id"] for r in records}
+  seen = {r["messages"][-1]["content"] for r in records}
+  # redo the last recorded batch (deterministic), taking only rows not recorded yet
+  batch = max((int(r["id"].split("-")[-2]) for r in records), default=0)
+  dec = SlotDecoder(model, eos_ids=tokenizer.eos_ids, slots=batch_size,
+                    max_len=max(map(len, starts)) + max_new_tokens + 1,
+                    max_new_tokens=max_new_tokens)
+  opening = lambda bt, row: (bt * batch_size + row) % len(openings)
+  reasons, empty_batches = Counter(), 0
+  bar = progress_bar(progress, total=num_prompts, initial=len(records), unit="prompt",
+                  desc="magpie prompts")
+  t0 = time.perf_counter()
+  while len(records) < num_prompts:
+    group = range(batch, batch + SYNTH_BATCHES_PER_CALL)
+    res = dec.generate([Request(starts[opening(bt, row)], max_new_tokens, temperature,
+                                top_p=top_p, seed=derive_seed(seed, bt, row))
+                        for bt in group for row in range(batch_size)])
+    for g, bt in enumerate(group):
+      before = len(records)
+      for row in range(batch_size):
+        rid = f"{category}-{bt:06d}-{row:04d}"
+        if rid in have_ids:
+          continue
+        text, why = clean_user_turn(tokenizer, res[g * batch_size + row].token_ids,
+                                     drop_truncated, openings[opening(bt, row)])
+        if text is not None and text in seen:
+          text, why = None, "duplicate"
+        reasons[why] += 1
+        if text is None or len(records) >= num_prompts:
+          continue
+        seen.add(text)
+        have_ids.add(rid)
+        messages = ([{"role": "system", "content": system}] if system else []) + \
+            [{"role": "user", "content": text}]
+        records.append({"id": rid, "category": category, "messages": messages, "source": source})
+      empty_batches = 0 if len(records) > before else empty_batches + 1
+      if empty_batches >= 20:
+        raise RuntimeError(f"20 batches in a row gave no usable user turn ({dict(reasons)}); check "
+                           "the chat template, the temperature and max_new_tokens")
+      bar.update(len(records) - before)
+    write_atomic(out_path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                    for r in records).encode())
+    bar.set_postfix(tok_s=f"{dec.stats['generated_tokens'] / (time.perf_counter() - t0):.0f}",
+                    kept=f"{reasons['kept']}/{sum(reasons.values())}")
+    batch += SYNTH_BATCHES_PER_CALL
+  bar.close()
+  return records[:num_prompts]
+
 
 # family -> opening words of the user turn (the target writes the rest)
 STEERED = {
@@ -47,7 +145,7 @@ def synthesize_families(model, tokenizer, out_dir: str, *, per_family: int, batc
                         max_new_tokens: int = 96, seed: int = 0, families=None,
                         progress: bool = True) -> dict[str, str]:
   """Samples `per_family` steered user turns for each family into out_dir/magpie_<family>.jsonl
-  (resumable, deterministic: `jspec.train.data.synthesize_prompts`); returns family -> path."""
+  (resumable, deterministic: `synthesize_prompts`); returns family -> path."""
   families = list(STEERED) if families is None else list(families)
   unknown = [f for f in families if f not in STEERED]
   if unknown:

@@ -6,7 +6,7 @@ import json
 import numpy as np
 
 from jspec import Decoder
-from jspec.train.data import FORMAT
+from jspec.train.shards import FORMAT
 
 
 def random_prompts(n, vocab_size, seed=0):

@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from jspec import Decoder
-from jspec.train import data, loader
+from jspec.train import chat, data, loader, shards
+from jspec.train.prompts import magpie
 from models import Llama, LlamaConfig, LoadedModel, Tokenizer
 
 # SmolLM2-135M-Instruct's chat template, as stored in its GGUF
@@ -98,7 +99,7 @@ def regen_dir(tiny, tok, tmp_path_factory):
 def _shard_sequences(out):
   """(prompt id, tokens, loss_mask, turns, stopped) per sequence, straight from the npz files."""
   rows = []
-  for s in data.read_manifest(out)["shards"]:
+  for s in shards.read_manifest(out)["shards"]:
     with np.load(os.path.join(out, s["file"])) as z:
       off = z["offsets"]
       for j in range(len(off) - 1):
@@ -117,11 +118,11 @@ def _runs(mask):
 
 
 def test_header_and_turn_glue(tok):
-  assert data.user_header(tok) == SMOL_SYSTEM + "<|im_start|>user\n"
-  assert data.user_header(tok, system="Be brief.") == \
+  assert chat.user_header(tok) == SMOL_SYSTEM + "<|im_start|>user\n"
+  assert chat.user_header(tok, system="Be brief.") == \
       "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
   msgs = PROMPTS[-1]["messages"]
-  after_reply, after_user = data.turn_glue(tok, msgs)
+  after_reply, after_user = chat.turn_glue(tok, msgs)
   assert (after_reply, after_user) == ("<|im_end|>\n<|im_start|>user\n",
                                        "<|im_end|>\n<|im_start|>assistant\n")
   # the pieces rebuild the template's own rendering of the continued conversation
@@ -137,7 +138,7 @@ def test_header_and_turn_glue(tok):
     assert tok.decode(ctx[len(prompt) + 3:]) == closing + "\n<|im_start|>user\n"
   lowered = char_tokenizer(SMOL_TEMPLATE.replace("message['content']", "message['content']|lower"))
   with pytest.raises(ValueError, match="verbatim"):
-    data.user_header(lowered)
+    chat.user_header(lowered)
 
 
 @pytest.mark.slow
@@ -146,12 +147,12 @@ def test_header_from_real_smollm2_template():
   from models.gguf_loader import metadata, open_gguf
   from models.registry import DEFAULT_MODEL, resolve
   real = Tokenizer.from_gguf_metadata(metadata(open_gguf(resolve(DEFAULT_MODEL, quiet=True))))
-  header = data.user_header(real)
+  header = chat.user_header(real)
   assert header == SMOL_SYSTEM + "<|im_start|>user\n"
   im_end = real.encode("<|im_end|>")
   assert len(im_end) == 1 and im_end[0] in real.eos_ids
   assert real.encode(header)[-3:] == real.encode("<|im_start|>user\n")
-  assert data.turn_glue(real, [{"role": "user", "content": "Hi"}]) == (
+  assert chat.turn_glue(real, [{"role": "user", "content": "Hi"}]) == (
       "<|im_end|>\n<|im_start|>user\n", "<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -161,7 +162,7 @@ def test_header_from_real_smollm2_template():
 def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeypatch):
   kw = dict(num_prompts=10, batch_size=4, max_new_tokens=48, seed=1, model_name="tiny",
             progress=False)
-  full = data.synthesize_prompts(tiny, tok, str(tmp_path / "a.jsonl"), **kw)
+  full = magpie.synthesize_prompts(tiny, tok, str(tmp_path / "a.jsonl"), **kw)
   texts = [r["messages"][0]["content"] for r in full]
   assert len(full) == 10 and len(set(texts)) == 10
   assert int(full[-1]["id"].split("-")[1]) >= 2          # it took at least three batches
@@ -169,12 +170,12 @@ def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeyp
     assert r["category"] == "magpie" and r["source"].startswith("magpie: user turn sampled by tiny")
     assert [m["role"] for m in r["messages"]] == ["user"]
     t = r["messages"][0]["content"]
-    assert len(t) >= data.MIN_PROMPT_CHARS and t == t.strip()
+    assert len(t) >= chat.MIN_PROMPT_CHARS and t == t.strip()
     assert not any(s in t for s in SPECIALS)
 
   # interrupted in the second batch, then resumed; grown from 5 prompts (a batch cut short) to 10
   b, calls = str(tmp_path / "b.jsonl"), []
-  real_call = data.SlotDecoder.generate
+  real_call = magpie.SlotDecoder.generate
 
   def flaky(self, *a, **k):
     calls.append(1)
@@ -182,37 +183,37 @@ def test_synthesize_filters_and_resumes_identically(tiny, tok, tmp_path, monkeyp
       raise KeyboardInterrupt
     return real_call(self, *a, **k)
 
-  monkeypatch.setattr(data, "SYNTH_BATCHES_PER_CALL", 1)     # one batch per call: cut in between
-  monkeypatch.setattr(data.SlotDecoder, "generate", flaky)
+  monkeypatch.setattr(magpie, "SYNTH_BATCHES_PER_CALL", 1)     # one batch per call: cut in between
+  monkeypatch.setattr(magpie.SlotDecoder, "generate", flaky)
   with pytest.raises(KeyboardInterrupt):
-    data.synthesize_prompts(tiny, tok, b, **kw)
-  monkeypatch.setattr(data.SlotDecoder, "generate", real_call)
-  assert 0 < len(data._read_jsonl(b)) < 10
-  assert data.synthesize_prompts(tiny, tok, b, **kw) == full
+    magpie.synthesize_prompts(tiny, tok, b, **kw)
+  monkeypatch.setattr(magpie.SlotDecoder, "generate", real_call)
+  assert 0 < len(shards.read_jsonl(b)) < 10
+  assert magpie.synthesize_prompts(tiny, tok, b, **kw) == full
   assert open(b, "rb").read() == open(tmp_path / "a.jsonl", "rb").read()
 
   c = str(tmp_path / "c.jsonl")
-  assert data.synthesize_prompts(tiny, tok, c, **{**kw, "num_prompts": 5}) == full[:5]
-  assert data.synthesize_prompts(tiny, tok, c, **kw) == full
+  assert magpie.synthesize_prompts(tiny, tok, c, **{**kw, "num_prompts": 5}) == full[:5]
+  assert magpie.synthesize_prompts(tiny, tok, c, **kw) == full
   with pytest.raises(ValueError, match="another out_path"):
-    data.synthesize_prompts(tiny, tok, c, **{**kw, "temperature": 0.7})
+    magpie.synthesize_prompts(tiny, tok, c, **{**kw, "temperature": 0.7})
 
 
 def test_synthesize_steered_by_opening_words(tiny, tok, tmp_path):
   openings = ["Write a poem about", "Explain how"]
   kw = dict(num_prompts=6, batch_size=4, max_new_tokens=48, seed=2, model_name="tiny",
             openings=openings, category="steered", progress=False)
-  recs = data.synthesize_prompts(tiny, tok, str(tmp_path / "s.jsonl"), **kw)
+  recs = magpie.synthesize_prompts(tiny, tok, str(tmp_path / "s.jsonl"), **kw)
   assert len(recs) == 6
   for r in recs:
     _, batch, row = r["id"].split("-")
     k = (int(batch) * 4 + int(row)) % 2
     text = r["messages"][-1]["content"]
     assert r["category"] == "steered" and text.startswith(openings[k])
-    assert len(text) - len(openings[k]) >= data.MIN_PROMPT_CHARS - 1
+    assert len(text) - len(openings[k]) >= chat.MIN_PROMPT_CHARS - 1
     assert "opening words" in r["source"]
   with pytest.raises(ValueError, match="openings"):
-    data.synthesize_prompts(tiny, tok, str(tmp_path / "t.jsonl"), **{**kw, "openings": []})
+    magpie.synthesize_prompts(tiny, tok, str(tmp_path / "t.jsonl"), **{**kw, "openings": []})
 
 
 # Regeneration -----------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def test_shards_hold_prompt_plus_generated_reply(tiny, tok, regen_dir):
       closing = "" if tokens[hi1 - 1] == 2 else "<|im_end|>"
       m = re.fullmatch(re.escape(closing + "\n<|im_start|>user\n") + r"(.+)"
                        + re.escape("<|im_end|>\n<|im_start|>assistant\n"), between, re.S)
-      assert m and len(m.group(1)) >= data.MIN_PROMPT_CHARS
+      assert m and len(m.group(1)) >= chat.MIN_PROMPT_CHARS
   assert n_two >= 2   # multi_turn=0.7 over 10 prompts continues several conversations
 
 
@@ -280,9 +281,9 @@ def test_captured_features_equal_a_second_pass(tiny, tok, tmp_path):
   seq_len = 64
   copied = features.cache_features(tiny, out, str(tmp_path / "fa"), taps=taps, seq_len=seq_len,
                                    progress=False)
-  os.remove(os.path.join(out, data.MANIFEST))  # the same data without the capture's record
+  os.remove(os.path.join(out, shards.MANIFEST))  # the same data without the capture's record
   m["config"]["taps"] = []
-  data._write_json(os.path.join(out, data.MANIFEST), m)
+  shards.write_json(os.path.join(out, shards.MANIFEST), m)
   computed = features.cache_features(tiny, out, str(tmp_path / "fb"), taps=taps, seq_len=seq_len,
                                      progress=False)
   a = np.load(copied).view(features.DTYPE).astype(np.float32)
@@ -292,7 +293,7 @@ def test_captured_features_equal_a_second_pass(tiny, tok, tmp_path):
 
 
 def test_manifest_counts_match_shards(regen_dir):
-  m = data.read_manifest(regen_dir)
+  m = shards.read_manifest(regen_dir)
   rows = _shard_sequences(regen_dir)
   assert m["complete"] and [s["prompts"] for s in m["shards"]] == [4, 4, 2]
   assert m["config"]["model"] == "tiny" and m["config"]["multi_turn"] == 0.7
@@ -317,11 +318,11 @@ def test_resume_after_interruption_is_byte_identical(tiny, tok, regen_dir, tmp_p
   monkeypatch.setattr(data._ShardWork, "result", stop_at_shard_1)
   with pytest.raises(RuntimeError, match="interrupted"):
     data.regenerate(tiny, tok, PROMPTS, out, **KW)
-  partial = data.read_manifest(out)
+  partial = shards.read_manifest(out)
   assert not partial["complete"] and len(partial["shards"]) == 1
   assert sorted(os.listdir(out)) == ["manifest.json", "shard_00000.npz"]
   with pytest.warns(UserWarning, match="not complete"):
-    assert len(data.TokenShards(out, seq_len=8)) == 4
+    assert len(shards.TokenShards(out, seq_len=8)) == 4
   data.regenerate(tiny, tok, PROMPTS, out, **KW)
   assert seen == [0, 1, 1, 2]                     # shard 0 was not redone
   for k in range(3):
@@ -330,7 +331,7 @@ def test_resume_after_interruption_is_byte_identical(tiny, tok, regen_dir, tmp_p
         open(os.path.join(regen_dir, name), "rb").read(), name
   strip = lambda m: [{k: v for k, v in s.items() if k not in ("seconds", "generated_tokens")}
                      for s in m["shards"]]
-  assert strip(data.read_manifest(out)) == strip(data.read_manifest(regen_dir))
+  assert strip(shards.read_manifest(out)) == strip(shards.read_manifest(regen_dir))
 
 
 def test_config_mismatch_is_an_error(tiny, tok, regen_dir):
@@ -351,7 +352,7 @@ def test_token_shards_pad_and_truncate(regen_dir):
   lengths = [len(r[1]) for r in rows]
   seq_len = int(np.median(lengths))              # some sequences longer, some shorter
   assert min(lengths) < seq_len < max(lengths)
-  ds = data.TokenShards(regen_dir, seq_len=seq_len)
+  ds = shards.TokenShards(regen_dir, seq_len=seq_len)
   assert len(ds) == len(rows)
   for i, (_, tokens, mask, _, _) in enumerate(rows):
     item = ds[i]
@@ -376,7 +377,7 @@ def test_iterator_state_restores_the_data_order(regen_dir):
   for a, b in zip(after, [next(again) for _ in range(5)]):
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
   # each epoch is a fresh permutation of the 10 sequences: the first 30 items cover each 3 times
-  ds = data.TokenShards(regen_dir, seq_len=CFG.max_position)
+  ds = shards.TokenShards(regen_dir, seq_len=CFG.max_position)
   key = {ds[i]["tokens"].tobytes(): i for i in range(len(ds))}
   assert len(key) == len(ds)
   order = [key[t.tobytes()] for b in first + after for t in b["tokens"]]
@@ -389,27 +390,27 @@ def test_iterator_state_restores_the_data_order(regen_dir):
 
 def test_token_counts_match_numpy(regen_dir):
   rows = _shard_sequences(regen_dir)
-  counts = data.token_counts(regen_dir, CFG.vocab_size)
+  counts = shards.token_counts(regen_dir, CFG.vocab_size)
   direct = np.zeros(CFG.vocab_size, np.int64)
   for _, tokens, mask, _, _ in rows:
     np.add.at(direct, tokens[mask == 1], 1)
   assert counts.dtype == np.int64 and np.array_equal(counts, direct)
-  assert counts.sum() == data.read_manifest(regen_dir)["totals"]["response_tokens"] > 0
+  assert counts.sum() == shards.read_manifest(regen_dir)["totals"]["response_tokens"] > 0
   with pytest.raises(ValueError, match="vocab_size"):
-    data.token_counts(regen_dir, 50)
+    shards.token_counts(regen_dir, 50)
 
 
 def test_token_count_parts_partition_the_sequences(regen_dir):
   v = CFG.vocab_size
-  fit, check = (data.token_counts(regen_dir, v, part=p) for p in ("fit", "check"))
-  assert np.array_equal(fit + check, data.token_counts(regen_dir, v))
+  fit, check = (shards.token_counts(regen_dir, v, part=p) for p in ("fit", "check"))
+  assert np.array_equal(fit + check, shards.token_counts(regen_dir, v))
   ids = [r[0] for r in _shard_sequences(regen_dir)]
-  held = [i for i in ids if data._in_check_part(i)]
+  held = [i for i in ids if shards.in_check_part(i)]
   assert 0 < len(held) < len(ids) or check.sum() == 0
   want = sum(int(r[2].sum()) for r in _shard_sequences(regen_dir) if r[0] in held)
   assert check.sum() == want
   with pytest.raises(ValueError, match="part"):
-    data.token_counts(regen_dir, v, part="train")
+    shards.token_counts(regen_dir, v, part="train")
 
 
 def test_build_dataset_end_to_end(tiny, tok, tmp_path):
@@ -443,43 +444,43 @@ def test_snapshot_links_the_first_shards(regen_dir, tmp_path):
   """A snapshot of the first shard, then of all shards twice over: the loader sees exactly those
   sequences, in order, and the totals add up; nothing is copied."""
   rows = _shard_sequences(regen_dir)
-  first = data.read_manifest(regen_dir)["shards"][0]["sequences"]
+  first = shards.read_manifest(regen_dir)["shards"][0]["sequences"]
   one = str(tmp_path / "one")
-  manifest = data.snapshot(one, [(regen_dir, 1)])
+  manifest = shards.snapshot(one, [(regen_dir, 1)])
   assert manifest["complete"] and len(manifest["shards"]) == 1
   assert all(os.path.islink(os.path.join(one, f)) for f in os.listdir(one) if f.endswith(".npz"))
-  ds = data.TokenShards(one, seq_len=CFG.max_position)
+  ds = shards.TokenShards(one, seq_len=CFG.max_position)
   assert len(ds) == first
   for i in range(first):
     assert ds.sequence(i)[0].tolist() == rows[i][1].tolist()
   two = str(tmp_path / "two")
-  data.snapshot(two, [(regen_dir, None), (one, None)])
-  ds2 = data.TokenShards(two, seq_len=CFG.max_position)
+  shards.snapshot(two, [(regen_dir, None), (one, None)])
+  ds2 = shards.TokenShards(two, seq_len=CFG.max_position)
   assert len(ds2) == len(rows) + first
   assert [ds2.sequence(i)[0].tolist() for i in range(len(rows), len(ds2))] == \
       [r[1].tolist() for r in rows[:first]]
-  assert data.read_manifest(two)["totals"]["response_tokens"] == \
-      data.token_counts(regen_dir, CFG.vocab_size).sum() + data.token_counts(one, CFG.vocab_size).sum()
+  assert shards.read_manifest(two)["totals"]["response_tokens"] == \
+      shards.token_counts(regen_dir, CFG.vocab_size).sum() + shards.token_counts(one, CFG.vocab_size).sum()
 
 
 def test_snapshot_errors(regen_dir, tmp_path):
-  have = len(data.read_manifest(regen_dir)["shards"])
+  have = len(shards.read_manifest(regen_dir)["shards"])
   with pytest.raises(ValueError, match=f"has {have} finished shards"):
-    data.snapshot(str(tmp_path / "a"), [(regen_dir, have + 1)])
+    shards.snapshot(str(tmp_path / "a"), [(regen_dir, have + 1)])
   (tmp_path / "b").mkdir()
   (tmp_path / "b" / "x").write_text("")
   with pytest.raises(ValueError, match="not empty"):
-    data.snapshot(str(tmp_path / "b"), [(regen_dir, 1)])
+    shards.snapshot(str(tmp_path / "b"), [(regen_dir, 1)])
   with pytest.raises(FileNotFoundError):
-    data.snapshot(str(tmp_path / "c"), [(str(tmp_path / "nowhere"), None)])
+    shards.snapshot(str(tmp_path / "c"), [(str(tmp_path / "nowhere"), None)])
   other = str(tmp_path / "d")
   shutil.copytree(regen_dir, other)
-  manifest = data.read_manifest(other)
+  manifest = shards.read_manifest(other)
   manifest["config"]["taps"] = [0]
-  with open(os.path.join(other, data.MANIFEST), "w") as f:
+  with open(os.path.join(other, shards.MANIFEST), "w") as f:
     json.dump(manifest, f)
   with pytest.raises(ValueError, match="must agree"):
-    data.snapshot(str(tmp_path / "e"), [(regen_dir, 1), (other, 1)])
+    shards.snapshot(str(tmp_path / "e"), [(regen_dir, 1), (other, 1)])
 
 
 def test_snapshot_cli_errors_name_the_problem(regen_dir, tmp_path, capsys):

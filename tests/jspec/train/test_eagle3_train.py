@@ -220,7 +220,7 @@ def test_eagle3_never_recompiles_after_warmup(target, saved_head):
 
 def test_feature_cache_matches_the_target_pass_and_trains(target, data_dir, tmp_path):
   from jspec.train import features
-  from jspec.train.data import TokenShards
+  from jspec.train.shards import TokenShards
   data, _ = data_dir
   taps = (1, 2, 3)
   folder = str(tmp_path / "feats")

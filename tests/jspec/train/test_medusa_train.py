@@ -114,7 +114,7 @@ def test_feature_cache_last_slot_serves(target, data_dir, tmp_path):
   """An EAGLE-3 cache (taps + final hidden) is reused as is; its last slot is the target's final
   normed hidden state."""
   from jspec.train import features
-  from jspec.train.data import TokenShards
+  from jspec.train.shards import TokenShards
   data, _ = data_dir
   folder = str(tmp_path / "feats")
   features.cache_features(target, data, folder, taps=(1, 2), seq_len=64, batch_size=16,

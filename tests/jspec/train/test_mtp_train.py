@@ -15,7 +15,7 @@ from jspec import SpecDecoder
 from jspec.drafters.shared import cache_attend
 from jspec.drafters.mtp import MTPDrafter
 from jspec.train import features, mtp, trainer
-from jspec.train.data import TokenShards
+from jspec.train.shards import TokenShards
 from models import KVCache, Llama, LlamaConfig
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 
