@@ -40,8 +40,8 @@ over the rounds that proposed each position, as the estimates are, so that an n-
 rounds without a match do not pull it down), else 0.5. cost_k is the time of a whole round
 verifying D_k: timed on this machine at the call's own shapes when they compile (`time_rounds`,
 what `SpecDecoder` does by default), or from a cost table, in plain decode steps at the prompts'
-padding (`CostTable.round` / `round_at`, from `jspec plan` or the built-in CPU defaults, jspec.costs), or
-where no round was measured (T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1)
+padding (`CostTable.round` / `round_at`, from `jspec plan` or the built-in CPU defaults: jspec.costs),
+or where no round was measured (T_verif(B, 1+D_k) + T_draft(B, drafted_k)) / T_verif(B, 1)
 (m T_verif(B, 1) for the plain round). The choice depends on the committed context and earlier
 rounds only, never on this round's verification, so each round is an ordinary rejection-sampling
 round over a chain of D_k drafts: lossless for every choice.

@@ -1,6 +1,6 @@
-"""`jspec train calibrate` on a tiny target: the packed replies equal plain greedy decoding, DSpark's
-temperatures land beside the head (readable, never worse than no scaling at position 1), Medusa's
-rank accuracies equal a by-hand count, and bad settings fail before any model work."""
+"""`jspec train calibrate` on a tiny target: the packed replies equal plain greedy decoding,
+DSpark's temperatures land beside the head (readable, never worse than no scaling at position 1),
+Medusa's rank accuracies equal a by-hand count, and bad settings fail before any model work."""
 
 import json
 
