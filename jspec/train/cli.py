@@ -89,7 +89,7 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
     cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                               lr=args.lr, warmup=args.warmup, save_every=args.save_every,
                               keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
-                              seed=args.seed)
+                              seed=args.seed, reply_windows=args.reply_windows)
     validate()
     if args.vocab_coverage is not None and not 0 < args.vocab_coverage <= 1:
       raise ValueError(f"--vocab-coverage is a share in (0, 1], got {args.vocab_coverage}")
@@ -149,7 +149,7 @@ def cmd_eagle3(args) -> None:
 
   def prepare(target, folder, cfg, task):
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
-                   seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
+                   batch_size=cfg.batch_size, progress=not args.no_progress)
 
   _train(args, heads.WEIGHTS, lambda: _positive(args, "ttt_steps"),
          lambda target, ids: eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
@@ -256,7 +256,7 @@ def cmd_medusa(args) -> None:
                                                 num_layers=args.num_layers, decay=args.decay,
                                                 seed=args.seed),
          lambda target, folder, cfg, task: medusa.ensure_features(
-             target, args.data, folder, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+             target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
          lambda head, folder, dtype, verifier: medusa_format.save_medusa(
              head, folder, dtype=dtype, verifier=verifier))
@@ -276,7 +276,7 @@ def cmd_mtp(args) -> None:
          lambda target, ids: mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta,
                                           seed=args.seed),
          lambda target, folder, cfg, task: mtp.ensure_features(
-             target, args.data, folder, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
+             target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
          lambda module, folder, dtype, verifier: mtp_format.save_mtp(
              module, folder, dtype=dtype, num_draft=args.mtp_steps, verifier=verifier))
@@ -318,7 +318,7 @@ def _cmd_block(args, kind: str) -> None:
 
   def prepare(target, folder, cfg, task):
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
-                   seq_len=cfg.seq_len, batch_size=cfg.batch_size, progress=not args.no_progress)
+                   batch_size=cfg.batch_size, progress=not args.no_progress)
 
   _train(args, heads.WEIGHTS, validate, make_task, prepare,
          lambda module, folder, dtype, verifier: dflash_format.save(module, folder, dtype=dtype,
@@ -354,6 +354,9 @@ def _common(p, default_model: str, lr: float, warmup: int, draft_vocab: int) -> 
   p.add_argument("--keep", type=int, default=3)
   p.add_argument("--eval-every", type=int, default=200)
   p.add_argument("--holdout", type=int, default=32)
+  p.add_argument("--reply-windows", action="store_true",
+                 help="train on windows that label every reply token, however long the "
+                      "conversation (default: each conversation's first --seq-len tokens)")
   p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-progress", action="store_true")
@@ -456,6 +459,9 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--keep", type=int, default=3)
   e.add_argument("--eval-every", type=int, default=200)
   e.add_argument("--holdout", type=int, default=32)
+  e.add_argument("--reply-windows", action="store_true",
+                 help="train on windows that label every reply token, however long the "
+                      "conversation (default: each conversation's first --seq-len tokens)")
   e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   e.add_argument("--cache-features", action="store_true",
                  help="compute the target's features once into OUT/features (bf16, about "
@@ -491,6 +497,9 @@ def add_parser(sub, default_model: str) -> None:
   m.add_argument("--keep", type=int, default=3)
   m.add_argument("--eval-every", type=int, default=200)
   m.add_argument("--holdout", type=int, default=32)
+  m.add_argument("--reply-windows", action="store_true",
+                 help="train on windows that label every reply token, however long the "
+                      "conversation (default: each conversation's first --seq-len tokens)")
   m.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   m.add_argument("--cache-features", action="store_true",
                  help="compute the target's final hidden states once into OUT/features")
@@ -527,6 +536,9 @@ def add_parser(sub, default_model: str) -> None:
   mt.add_argument("--keep", type=int, default=3)
   mt.add_argument("--eval-every", type=int, default=200)
   mt.add_argument("--holdout", type=int, default=32)
+  mt.add_argument("--reply-windows", action="store_true",
+                  help="train on windows that label every reply token, however long the "
+                       "conversation (default: each conversation's first --seq-len tokens)")
   mt.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   mt.add_argument("--cache-features", action="store_true",
                  help="compute the target's final hidden states once into OUT/features")

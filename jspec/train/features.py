@@ -2,9 +2,10 @@
 final normed hidden state of every training token, computed once, so that later epochs pay only
 for the drafter (the teacher-forced target pass dominates a step on CPU).
 
-Layout: `features.npy`, a memmap [tokens, K + 1, H] of bfloat16 bits (stored as uint16) aligned with the TokenShards
-sequences truncated to seq_len (K taps, then the final normed hidden); `features.json` records the
-taps, seq_len, the data's manifest digest and how many sequences are done (resumable).
+Layout: `features.npy`, a memmap [tokens, K + 1, H] of bfloat16 bits (stored as uint16) aligned
+with the whole TokenShards sequences (K taps, then the final normed hidden), so any window of a
+sequence (`jspec.train.shards.ReplyWindows`) reads its rows; `features.json` records the taps, the
+data's manifest digest and how many sequences are done (resumable).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from jspec.train.shards import MANIFEST, TokenShards, read_manifest
 from models.kv_cache import KVCache
 
 DTYPE = ml_dtypes.bfloat16
+FORMAT = "jspec-features/2"     # /2: whole sequences (/1 held each one's first seq_len tokens)
 
 
 def _meta_path(folder):
@@ -32,9 +34,8 @@ def _meta_path(folder):
 
 
 def _spans(source: TokenShards) -> np.ndarray:
-  """Start offset of each sequence's (truncated) features; [n + 1]."""
-  lens = np.minimum(np.diff(source.offsets), source.seq_len)
-  return np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+  """Start offset of each sequence's features; [n + 1]."""
+  return np.concatenate([[0], np.cumsum(np.diff(source.offsets))]).astype(np.int64)
 
 
 def _digest(data_dir: str) -> str:
@@ -54,15 +55,15 @@ def _forward(graphdef, weights, tokens, taps_and_final):
   return jnp.stack(hidden, axis=2).astype(jnp.bfloat16)
 
 
-def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...], seq_len: int,
+def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
                    batch_size: int = 8, progress: bool = True) -> str:
   """Computes (or finishes) the feature cache in `folder`; returns the path of features.npy."""
   from tqdm import tqdm
 
-  source = TokenShards(data_dir, seq_len)
+  source = TokenShards(data_dir, 2)
   spans = _spans(source)
   k, h = len(taps) + 1, target.config.hidden_size
-  meta = dict(taps=list(taps), seq_len=seq_len, data=_digest(data_dir), hidden=h,
+  meta = dict(format=FORMAT, taps=list(taps), data=_digest(data_dir), hidden=h,
               sequences=len(source), tokens=int(spans[-1]))
   os.makedirs(folder, exist_ok=True)
   path, mpath = os.path.join(folder, "features.npy"), _meta_path(folder)
@@ -89,9 +90,9 @@ def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
   for start in range(done, len(source), batch_size):
     idx = order[start:start + batch_size]
     n = int(max(spans[i + 1] - spans[i] for i in idx))
-    pad = max(16, 1 << (n - 1).bit_length())
-    rows = np.stack([source[int(i)]["tokens"][:pad] if pad <= seq_len else
-                     np.pad(source[int(i)]["tokens"], (0, pad - seq_len)) for i in idx])
+    pad = max(n, min(max(16, 1 << (n - 1).bit_length()), target.config.max_position))
+    rows = np.stack([np.pad(source.sequence(int(i))[0], (0, pad - int(spans[i + 1] - spans[i])))
+                     for i in idx]).astype(np.int32)
     feats = np.asarray(_forward(graphdef, weights, jnp.asarray(rows),
                                 tuple(taps) + (target.config.num_layers,))).view(np.uint16)
     for r, i in enumerate(idx):
@@ -107,7 +108,7 @@ def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
 
 def _copy_captured(data_dir, source, spans, arr, done, meta, mpath, progress) -> None:
   """Fills the cache from the features `regenerate(taps=...)` captured while generating (the
-  same taps): a copy of each sequence's first seq_len rows, no forward pass."""
+  same taps): a copy of each sequence's rows, no forward pass."""
   from tqdm import tqdm
   bar = tqdm(total=len(source), initial=done, desc="captured features", unit="seq",
              file=sys.stderr, disable=not progress)
@@ -131,23 +132,25 @@ def _copy_captured(data_dir, source, spans, arr, done, meta, mpath, progress) ->
 
 
 class FeatureShards(TokenShards):
-  """TokenShards whose items also carry `feats` bfloat16 [seq_len, K+1, H] from the cache."""
+  """TokenShards whose items (and windows) also carry `feats` bfloat16 [seq_len, K+1, H] from the
+  cache."""
 
   def __init__(self, data_dir: str, seq_len: int, folder: str):
     super().__init__(data_dir, seq_len)
     with open(_meta_path(folder)) as f:
       meta = json.load(f)
-    if meta["seq_len"] != seq_len or meta["data"] != _digest(data_dir) or \
+    if meta.get("format") != FORMAT or meta["data"] != _digest(data_dir) or \
         meta["done"] != len(self):
-      raise ValueError(f"the feature cache in {folder} does not match {data_dir} at "
-                       f"seq_len={seq_len} or is incomplete; rebuild it")
+      raise ValueError(f"the feature cache in {folder} does not match {data_dir}, is of an "
+                       "older format or is incomplete; rebuild it (or give another folder)")
     self.feats = np.load(os.path.join(folder, "features.npy"), mmap_mode="r")
     self.spans = _spans(self)
 
-  def __getitem__(self, i):
-    item = super().__getitem__(i)
-    lo, hi = self.spans[int(i)], self.spans[int(i) + 1]
+  def window(self, i: int, start: int, lo: int, hi: int):
+    item = super().window(i, start, lo, hi)
+    first = self.spans[int(i)] + start
+    n = int(item["length"])
     feats = np.zeros((self.seq_len,) + self.feats.shape[1:], DTYPE)
-    feats[:hi - lo] = self.feats[lo:hi].view(DTYPE)
+    feats[:n] = self.feats[first:first + n].view(DTYPE)
     item["feats"] = feats
     return item

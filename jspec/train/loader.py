@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from jspec.train.shards import TokenShards
+from jspec.train.shards import ReplyWindows, TokenShards
 from jspec.train.features import FeatureShards
 
 HOLDOUT_SEED = 12345   # the fixed permutation that sets held-out sequences aside
@@ -19,26 +19,36 @@ def _source(data_dir: str, seq_len: int, features: str | None):
   return FeatureShards(data_dir, seq_len, features)
 
 
-def _split(source, holdout: int):
-  """(training MapDataset, held-out items): `holdout` sequences of a fixed permutation."""
+def _split(source, holdout: int, windows: bool = False):
+  """(training MapDataset, held-out items): `holdout` sequences of a fixed permutation are held
+  out (their first seq_len tokens); the rest train, as whole-sequence windows (`ReplyWindows`)
+  when `windows`, else their first seq_len tokens."""
   import grain
   if holdout < 0 or holdout >= len(source):
     raise ValueError(f"holdout must be in [0, {len(source)}) sequences, got {holdout}")
   perm = grain.MapDataset.source(source).shuffle(seed=HOLDOUT_SEED)
-  return perm[holdout:], [perm[i] for i in range(holdout)]
+  held = [perm[i] for i in range(holdout)]
+  if not windows:
+    return perm[holdout:], held
+  # the same permutation of the sequence ids (grain's shuffle depends only on length and seed)
+  order = grain.MapDataset.source(range(len(source))).shuffle(seed=HOLDOUT_SEED)
+  return grain.MapDataset.source(
+      ReplyWindows(source, [order[i] for i in range(holdout, len(source))])), held
 
 
 def make_dataset(data_dir: str, *, seq_len: int, batch_size: int, seed: int,
-                 num_epochs: int | None = None, holdout: int = 0, features: str | None = None):
-  """grain.MapDataset: TokenShards minus `holdout` held-out sequences -> shuffle(seed; reshuffled
-  each epoch) -> repeat(num_epochs; None = forever) -> batch(batch_size, drop_remainder=True).
+                 num_epochs: int | None = None, holdout: int = 0, features: str | None = None,
+                 windows: bool = False):
+  """grain.MapDataset: TokenShards minus `holdout` held-out sequences (as `ReplyWindows` when
+  `windows`, so every reply token is labelled) -> shuffle(seed; reshuffled each epoch) ->
+  repeat(num_epochs; None = forever) -> batch(batch_size, drop_remainder=True).
   Batches are dicts of stacked arrays: tokens [B, seq_len], loss_mask [B, seq_len], length [B]
   (and feats [B, seq_len, K+1, H] from a feature cache folder, jspec.train.features)."""
-  train, _ = _split(_source(data_dir, seq_len, features), holdout)
+  train, _ = _split(_source(data_dir, seq_len, features), holdout, windows)
   if len(train) < batch_size:
-    raise ValueError(f"{data_dir} has {len(train)} training sequences (after holding out "
-                     f"{holdout}), fewer than batch_size={batch_size}; regenerate more data or "
-                     "lower them")
+    raise ValueError(f"{data_dir} has {len(train)} training items (after holding out "
+                     f"{holdout} sequences), fewer than batch_size={batch_size}; regenerate more "
+                     "data or lower them")
   return train.shuffle(seed=seed).repeat(num_epochs).batch(batch_size, drop_remainder=True)
 
 
@@ -52,13 +62,14 @@ def heldout_batches(data_dir: str, *, seq_len: int, batch_size: int,
 
 def make_iterator(data_dir: str, *, seq_len: int, batch_size: int, seed: int,
                   num_epochs: int | None = None, holdout: int = 0, features: str | None = None,
-                  num_threads: int = 2, prefetch: int = 8):
+                  windows: bool = False, num_threads: int = 2, prefetch: int = 8):
   """A grain DatasetIterator over `make_dataset(...)`. Its state is `it.get_state()` (a small
   JSON dict) and `it.set_state(state)` restores it; orbax checkpoints it directly with
   `grain.checkpoint.CheckpointSave(it)` / `CheckpointRestore(it)` in a `CheckpointManager`."""
   import grain
   ds = make_dataset(data_dir, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                    num_epochs=num_epochs, holdout=holdout, features=features)
+                    num_epochs=num_epochs, holdout=holdout, features=features,
+                    windows=windows)
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
                                                    prefetch_buffer_size=prefetch)))
 

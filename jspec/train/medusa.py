@@ -115,8 +115,8 @@ def medusa_task(target: Llama, draft_ids: np.ndarray, *, num_heads: int = 4, num
   return task
 
 
-def ensure_features(target: Llama, data_dir: str, folder: str, *, seq_len: int,
-                    batch_size: int = 8, progress: bool = True) -> str:
+def ensure_features(target: Llama, data_dir: str, folder: str, *, batch_size: int = 8,
+                    progress: bool = True) -> str:
   """The feature cache Medusa reads (only its last slot, the final normed hidden state): an
   existing cache in `folder` is reused (finished if incomplete) whatever taps it holds, e.g. an
   EAGLE-3 run's; otherwise one with no taps is computed there."""
@@ -130,8 +130,8 @@ def ensure_features(target: Llama, data_dir: str, folder: str, *, seq_len: int,
   if os.path.isfile(meta):
     with open(meta) as f:
       taps = tuple(json.load(f)["taps"])
-  return cache_features(target, data_dir, folder, taps=taps, seq_len=seq_len,
-                        batch_size=batch_size, progress=progress)
+  return cache_features(target, data_dir, folder, taps=taps, batch_size=batch_size,
+                        progress=progress)
 
 
 def rank_accuracy(head: MedusaHead, hidden: jax.Array, tokens: jax.Array, reply: jax.Array,

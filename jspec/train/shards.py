@@ -154,6 +154,8 @@ class TokenShards:
 
   Item i: tokens int32 [seq_len] (right-padded with 0, truncated to the first seq_len tokens),
   loss_mask int32 [seq_len] (0 on padding), length int32 [] (the unpadded length, <= seq_len).
+  `window(...)` cuts any other part of a sequence; `ReplyWindows` uses it to reach every reply
+  token of sequences longer than seq_len.
   """
 
   def __init__(self, data_dir: str, seq_len: int):
@@ -193,16 +195,68 @@ class TokenShards:
     i = int(i)
     if not 0 <= i < len(self):
       raise IndexError(f"sequence {i} of {len(self)}")
-    toks, mask = self.sequence(i)
-    n = min(len(toks), self.seq_len)
+    return self.window(i, 0, 0, self.offsets[i + 1] - self.offsets[i])
+
+  def window(self, i: int, start: int, lo: int, hi: int) -> dict[str, np.ndarray]:
+    """Sequence i's tokens [start, start + seq_len) as an item, its loss_mask kept only at
+    positions lo <= p < hi of the sequence (the reply tokens this window labels)."""
+    toks, mask = self.sequence(int(i))
+    n = max(0, min(len(toks) - start, self.seq_len))
     tokens = np.zeros(self.seq_len, np.int32)
     loss_mask = np.zeros(self.seq_len, np.int32)
-    tokens[:n] = toks[:n]
-    loss_mask[:n] = mask[:n]
+    tokens[:n] = toks[start:start + n]
+    keep = np.arange(start, start + n)
+    loss_mask[:n] = np.where((keep >= lo) & (keep < hi), mask[start:start + n], 0)
     return dict(tokens=tokens, loss_mask=loss_mask, length=np.int32(n))
 
   def __repr__(self) -> str:
     return f"TokenShards({self.data_dir!r}, seq_len={self.seq_len}, sequences={len(self)})"
+
+
+def reply_windows(mask: np.ndarray, seq_len: int, per_window: int) -> list[tuple[int, int, int]]:
+  """(start, lo, hi) windows among which each reply token (mask > 0) of one sequence is labelled
+  in exactly one: the reply tokens are taken in order, `per_window` at a time (fewer where the next
+  one lies seq_len or more after the group's first), and each group ends its window, so the
+  tokens before it fill the rest as context. A sequence that fits in seq_len with at most
+  per_window reply tokens gives the single window (0, 0, len)."""
+  pos = np.flatnonzero(mask)
+  if len(pos) == 0:
+    return []
+  out, a = [], 0
+  while a < len(pos):
+    b = min(a + per_window, int(np.searchsorted(pos, pos[a] + seq_len)))
+    last = int(pos[b - 1])
+    lo = 0 if a == 0 else int(pos[a])
+    hi = len(mask) if b == len(pos) else int(pos[b])
+    out.append((max(0, last + 1 - seq_len), lo, hi))
+    a = b
+  return out
+
+
+class ReplyWindows:
+  """A grain data source: the windows (`reply_windows`) of chosen sequences of a TokenShards, so
+  training labels every reply token once per epoch, not only those in each sequence's first
+  seq_len tokens. Each window labels at most seq_len // 2 reply tokens, the anchors a training
+  step takes per row (EAGLE-3's later TTT steps label from up to ttt_steps - 1 more anchors, so
+  a full window may lose that many step-0 labels at its end)."""
+
+  def __init__(self, source: TokenShards, sequences: Sequence[int]):
+    self.source = source
+    rows = []
+    for i in sequences:
+      _, mask = source.sequence(int(i))
+      rows += [(int(i),) + w for w in reply_windows(mask, source.seq_len,
+                                                    max(1, source.seq_len // 2))]
+    self.rows = np.asarray(rows, np.int64).reshape(-1, 4)
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def __getitem__(self, k) -> dict[str, np.ndarray]:
+    return self.source.window(*(int(x) for x in self.rows[int(k)]))
+
+  def __repr__(self) -> str:
+    return f"ReplyWindows({self.source!r}, windows={len(self)})"
 
 
 VOCAB_CHECK_SHARE = 10     # token_counts(part="check"): the sequences whose id hashes to 0 mod 10

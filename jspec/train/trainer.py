@@ -37,6 +37,8 @@ class TrainConfig:
   eval_every: int = 200
   holdout: int = 32            # sequences held out of training for evaluation
   seed: int = 0
+  reply_windows: bool = False  # True: windows that label every reply token (ReplyWindows);
+                               # False: each sequence's first seq_len tokens
 
   def __post_init__(self):
     for name in ("steps", "batch_size", "seq_len", "save_every", "keep", "eval_every"):
@@ -97,7 +99,8 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
   os.makedirs(out_dir, exist_ok=True)
   check_writable(os.path.join(out_dir, "train_log.jsonl"))
   it = make_iterator(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
-                     holdout=cfg.holdout, features=features, num_threads=1, prefetch=4)
+                     holdout=cfg.holdout, features=features, windows=cfg.reply_windows,
+                     num_threads=1, prefetch=4)
   eval_batches = heldout_batches(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
                                  holdout=cfg.holdout, features=features)
   opt = optimizer(cfg)

@@ -183,9 +183,12 @@ def build_corpus(out: str, *, num: int = DEFAULT_NUM, seed: int = 0,
   """Writes the corpus to `out` and its manifest beside it; returns the manifest. Every input is
   checked before any work; errors a user can fix raise ValueError."""
   t0 = time.time()
-  if num < min_num():
+  if num == 0 and not include:
+    raise ValueError("--num 0 builds a file of --include prompts only; name some --include files "
+                     f"or give --num >= {min_num()}")
+  if num != 0 and num < min_num():
     raise ValueError(f"--num must be at least {min_num()} so that each of the {len(FAMILIES)} "
-                     f"families gets a prompt, got {num}")
+                     f"families gets a prompt (or 0 for --include prompts only), got {num}")
   _check_out(out)
   for path in eval_files:
     if not os.path.isfile(path):
@@ -195,10 +198,13 @@ def build_corpus(out: str, *, num: int = DEFAULT_NUM, seed: int = 0,
   refs = {os.path.relpath(p, REPO) if p in eval_files else p: read_reference(p)
           for p in list(eval_files) + list(exclude)}
   included = [(path, r) for path in include for r in read_include(path)]
-  roots = list(roots) if roots is not None else sources.default_roots()
-  lib = sources.scan(roots, seed=seed)
-  _log(progress, t0, f"scanned {len(lib.dists)} packages: {len(lib.code)} functions/classes, "
-                     f"{len(lib.docs)} doc passages")
+  if num:
+    roots = list(roots) if roots is not None else sources.default_roots()
+    lib = sources.scan(roots, seed=seed)
+    _log(progress, t0, f"scanned {len(lib.dists)} packages: {len(lib.code)} functions/classes, "
+                       f"{len(lib.docs)} doc passages")
+  else:
+    lib = sources.Library(code=[], docs=[], dists={})
   if stdlib_check:
     refs["python standard library"] = _stdlib_texts()
 
@@ -207,7 +213,7 @@ def build_corpus(out: str, *, num: int = DEFAULT_NUM, seed: int = 0,
   cands = [Candidate(r["category"], r["messages"], r["source"]) for _, r in included]
   family_of = [None] * len(cands)        # None: an included prompt
   generated = {}
-  for i, (family, (_, gen)) in enumerate(FAMILIES.items()):
+  for i, (family, (_, gen)) in enumerate(FAMILIES.items() if num else ()):
     rng = np.random.default_rng([seed, i])
     made = gen(lib, uses, rng, math.ceil(want[family] * OVERSHOOT) + 5)
     made = [made[j] for j in rng.permutation(len(made))]   # the surplus cut falls at random

@@ -41,7 +41,8 @@ def add_parser(tsub, default_model: str) -> None:
   p.add_argument("out", help="output file, .jsonl or .jsonl.gz (a .manifest.json is written "
                              "beside it)")
   p.add_argument("--num", type=int, default=DEFAULT_NUM,
-                 help="generated prompts, split over the families by fixed shares")
+                 help="generated prompts, split over the families by fixed shares (0: only the "
+                      "--include files, deduplicated and decontaminated)")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--exclude", nargs="*", default=[], metavar="FILE",
                  help="also drop prompts sharing a word 13-gram with these files (JSON Lines "

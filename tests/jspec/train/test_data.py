@@ -278,14 +278,11 @@ def test_captured_features_equal_a_second_pass(tiny, tok, tmp_path):
     if name.endswith(".npz"):
       assert open(os.path.join(plain, name), "rb").read() == \
           open(os.path.join(out, name), "rb").read()
-  seq_len = 64
-  copied = features.cache_features(tiny, out, str(tmp_path / "fa"), taps=taps, seq_len=seq_len,
-                                   progress=False)
+  copied = features.cache_features(tiny, out, str(tmp_path / "fa"), taps=taps, progress=False)
   os.remove(os.path.join(out, shards.MANIFEST))  # the same data without the capture's record
   m["config"]["taps"] = []
   shards.write_json(os.path.join(out, shards.MANIFEST), m)
-  computed = features.cache_features(tiny, out, str(tmp_path / "fb"), taps=taps, seq_len=seq_len,
-                                     progress=False)
+  computed = features.cache_features(tiny, out, str(tmp_path / "fb"), taps=taps, progress=False)
   a = np.load(copied).view(features.DTYPE).astype(np.float32)
   b = np.load(computed).view(features.DTYPE).astype(np.float32)
   assert a.shape == b.shape and a.shape[1:] == (len(taps) + 1, CFG.hidden_size)
@@ -364,6 +361,46 @@ def test_token_shards_pad_and_truncate(regen_dir):
     assert not item["tokens"][n:].any() and not item["loss_mask"][n:].any()
   with pytest.raises(IndexError):
     ds[len(ds)]
+
+
+@pytest.mark.parametrize("seq_len", [8, 16, 64])
+def test_reply_windows_label_each_reply_token_once(seq_len):
+  rng = np.random.default_rng(seq_len)
+  per_window = max(1, seq_len // 2 - 2)
+  for _ in range(200):
+    n = int(rng.integers(1, 300))
+    mask = np.zeros(n, np.uint8)
+    for _ in range(int(rng.integers(0, 4))):              # a few reply spans (turns)
+      a = int(rng.integers(0, n))
+      mask[a:a + int(rng.integers(1, 150))] = 1
+    seen = np.zeros(n, int)
+    wins = shards.reply_windows(mask, seq_len, per_window)
+    for start, lo, hi in wins:
+      assert 0 <= start < n
+      p = np.arange(start, min(n, start + seq_len))
+      labelled = p[(mask[p] > 0) & (p >= lo) & (p < hi)]
+      assert 1 <= len(labelled) <= per_window
+      seen[labelled] += 1
+    assert (seen == (mask > 0)).all()                     # every reply token once, nothing else
+    if n <= seq_len and mask.sum() <= per_window:
+      assert wins == ([(0, 0, n)] if mask.any() else [])  # what the first window labelled
+
+
+def test_windowed_epoch_labels_every_training_reply_token(regen_dir):
+  seq_len, holdout = 16, 2
+  ds = shards.TokenShards(regen_dir, seq_len=CFG.max_position)
+  whole = {ds[i]["tokens"].tobytes(): int(ds[i]["loss_mask"].sum()) for i in range(len(ds))}
+  held = loader.heldout_batches(regen_dir, seq_len=CFG.max_position, batch_size=holdout,
+                                holdout=holdout)[0]
+  want = sum(whole.values()) - sum(whole[t.tobytes()] for t in held["tokens"])
+  epoch = loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, num_epochs=1,
+                              holdout=holdout, windows=True)
+  items = [epoch[k] for k in range(len(epoch))]
+  assert len(items) > len(ds) - holdout                  # long replies take several windows
+  assert sum(int(b["loss_mask"].sum()) for b in items) == want
+  first = loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, num_epochs=1,
+                              holdout=holdout)
+  assert sum(int(first[k]["loss_mask"].sum()) for k in range(len(first))) < want
 
 
 def test_iterator_state_restores_the_data_order(regen_dir):

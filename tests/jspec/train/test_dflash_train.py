@@ -37,7 +37,7 @@ def data_dir(target, tmp_path_factory):
   write_greedy_shards(d, target, prompts)
   feats = str(d / "feats")
   taps = dflash.init_module(target, IDS, "dflash").config.taps
-  features.cache_features(target, str(d), feats, taps=taps, seq_len=SEQ, batch_size=16,
+  features.cache_features(target, str(d), feats, taps=taps, batch_size=16,
                           progress=False)
   return str(d), feats, prompts
 

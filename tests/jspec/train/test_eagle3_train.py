@@ -224,7 +224,7 @@ def test_feature_cache_matches_the_target_pass_and_trains(target, data_dir, tmp_
   data, _ = data_dir
   taps = (1, 2, 3)
   folder = str(tmp_path / "feats")
-  features.cache_features(target, data, folder, taps=taps, seq_len=64, batch_size=16,
+  features.cache_features(target, data, folder, taps=taps, batch_size=16,
                           progress=False)
   cached = features.FeatureShards(data, 64, folder)
   ids = jnp.arange(0, 64, 2, dtype=jnp.int32)
@@ -236,10 +236,16 @@ def test_feature_cache_matches_the_target_pass_and_trains(target, data_dir, tmp_
                                  jnp.asarray(cached[i]["feats"][None, :n]))
     for a, b in zip(want.taps + (want.target_logits,), got.taps + (got.target_logits,)):
       np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-2 * float(jnp.abs(a).max()))
+  short = features.FeatureShards(data, 16, folder)      # the same cache read as later windows
+  i = max(range(len(short)), key=lambda j: len(short.sequence(j)[0]))
+  for start in (0, 7, len(short.sequence(i)[0]) - 16):
+    w, whole = short.window(i, start, 0, 10**9), cached[i]
+    assert np.array_equal(w["tokens"], whole["tokens"][start:start + 16])
+    assert np.array_equal(w["feats"], whole["feats"][start:start + 16])
   ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
   task = eagle3.eagle3_task(target, ids, taps=taps)
-  history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=30), progress=False,
-                          features=folder)
+  history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=30, reply_windows=True),
+                          progress=False, features=folder)      # windows read from the cache
   assert np.mean([r["loss"] for r in history[-5:]]) < np.mean([r["loss"] for r in history[:5]]) - 1
 
 

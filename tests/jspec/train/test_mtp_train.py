@@ -42,7 +42,7 @@ def data_dir(target, tmp_path_factory):
   prompts = _prompts(48)
   write_greedy_shards(d, target, prompts)
   feats = str(d / "feats")
-  features.cache_features(target, str(d), feats, taps=(1, 2), seq_len=SEQ, batch_size=16,
+  features.cache_features(target, str(d), feats, taps=(1, 2), batch_size=16,
                           progress=False)
   return str(d), feats, prompts
 

@@ -206,6 +206,8 @@ def test_include_merged_deduplicated_decontaminated(tmp_path):
   got = [r for r in records if r["category"] == "magpie"]
   assert [r["id"] for r in got] == ["m1"]
   assert manifest["dropped"]["exact_duplicate"] >= 1
+  only, manifest, _ = _build(tmp_path, name="only.jsonl.gz", include=[str(inc)], num=0)
+  assert [r["id"] for r in only] == ["m1"] and manifest["candidates"] == {}   # --num 0: no templates
 
 
 # Math and puzzles -------------------------------------------------------------------------------
@@ -344,6 +346,8 @@ def test_cli_errors(tmp_path, capsys):
   assert f"{bad}:2" in msg and "not valid JSON" in msg
   msg = _cli_error(capsys, out, "--num", "5")
   assert "--num must be at least" in msg
+  msg = _cli_error(capsys, out, "--num", "0")
+  assert "--include" in msg
   msg = _cli_error(capsys, str(tmp_path / "c.txt"))
   assert ".jsonl or .jsonl.gz" in msg
   assert not os.path.exists(out)
