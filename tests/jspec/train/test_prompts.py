@@ -4,6 +4,7 @@ no standard-library text, solvable math and puzzles (checked by independent orac
 
 import datetime
 import gzip
+import hashlib
 import itertools
 import json
 import os
@@ -208,6 +209,22 @@ def test_include_merged_deduplicated_decontaminated(tmp_path):
   assert manifest["dropped"]["exact_duplicate"] >= 1
   only, manifest, _ = _build(tmp_path, name="only.jsonl.gz", include=[str(inc)], num=0)
   assert [r["id"] for r in only] == ["m1"] and manifest["candidates"] == {}   # --num 0: no templates
+
+
+@pytest.mark.parametrize("name", ["corpus", "magpie"])
+def test_committed_prompt_files_match_their_manifests(name):
+  folder = os.path.join(build.REPO, "benchmarks", "prompts")
+  with open(os.path.join(folder, f"{name}.manifest.json")) as f:
+    manifest = json.load(f)
+  path = os.path.join(folder, manifest["file"])
+  blob = open(path, "rb").read()
+  assert len(blob) == manifest["bytes"] and \
+      hashlib.sha256(blob).hexdigest() == manifest["sha256"]
+  records = [json.loads(line) for line in gzip.decompress(blob).splitlines()]
+  assert len(records) == manifest["prompts"] == len({r["id"] for r in records})
+  total = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder)
+              if f.endswith(".jsonl.gz"))
+  assert total <= 10_000_000                    # committed prompt files stay within 10 MB
 
 
 # Math and puzzles -------------------------------------------------------------------------------
