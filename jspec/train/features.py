@@ -60,7 +60,7 @@ def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
   """Computes (or finishes) the feature cache in `folder`; returns the path of features.npy."""
   from tqdm import tqdm
 
-  source = TokenShards(data_dir, 2)
+  source = TokenShards(data_dir, 2)     # whole sequences are read; the window length is unused
   spans = _spans(source)
   k, h = len(taps) + 1, target.config.hidden_size
   meta = dict(format=FORMAT, taps=list(taps), data=_digest(data_dir), hidden=h,

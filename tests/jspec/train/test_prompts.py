@@ -208,7 +208,7 @@ def test_include_merged_deduplicated_decontaminated(tmp_path):
   assert [r["id"] for r in got] == ["m1"]
   assert manifest["dropped"]["exact_duplicate"] >= 1
   only, manifest, _ = _build(tmp_path, name="only.jsonl.gz", include=[str(inc)], num=0)
-  assert [r["id"] for r in only] == ["m1"] and manifest["candidates"] == {}   # --num 0: no templates
+  assert [r["id"] for r in only] == ["m1"] and manifest["candidates"] == {}   # no templates
 
 
 @pytest.mark.parametrize("name", ["corpus", "magpie"])
