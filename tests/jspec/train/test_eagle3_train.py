@@ -242,6 +242,13 @@ def test_feature_cache_matches_the_target_pass_and_trains(target, data_dir, tmp_
     w, whole = short.window(i, start, 0, 10**9), cached[i]
     assert np.array_equal(w["tokens"], whole["tokens"][start:start + 16])
     assert np.array_equal(w["feats"], whole["feats"][start:start + 16])
+  meta = json.load(open(os.path.join(folder, "features.json")))
+  with open(os.path.join(folder, "features.json"), "w") as f:   # a cache of the older format
+    json.dump({k: v for k, v in meta.items() if k != "format"} | {"seq_len": 64}, f)
+  with pytest.raises(ValueError, match="older format.*rebuild"):
+    features.FeatureShards(data, 64, folder)
+  with open(os.path.join(folder, "features.json"), "w") as f:
+    json.dump(meta, f)
   ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
   task = eagle3.eagle3_task(target, ids, taps=taps)
   history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=30, reply_windows=True),
