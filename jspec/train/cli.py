@@ -333,6 +333,12 @@ def cmd_dspark(args) -> None:
   _cmd_block(args, "dspark")
 
 
+def _reply_windows_flag(p) -> None:
+  p.add_argument("--reply-windows", action="store_true",
+                 help="train on windows that label every reply token, however long the "
+                      "conversation (default: each conversation's first --seq-len tokens)")
+
+
 def _common(p, default_model: str, lr: float, warmup: int, draft_vocab: int) -> None:
   """The flags every `jspec train METHOD` shares."""
   p.add_argument("--data", required=True, help="a folder written by `jspec train data`")
@@ -354,9 +360,7 @@ def _common(p, default_model: str, lr: float, warmup: int, draft_vocab: int) -> 
   p.add_argument("--keep", type=int, default=3)
   p.add_argument("--eval-every", type=int, default=200)
   p.add_argument("--holdout", type=int, default=32)
-  p.add_argument("--reply-windows", action="store_true",
-                 help="train on windows that label every reply token, however long the "
-                      "conversation (default: each conversation's first --seq-len tokens)")
+  _reply_windows_flag(p)
   p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--no-progress", action="store_true")
@@ -459,9 +463,7 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--keep", type=int, default=3)
   e.add_argument("--eval-every", type=int, default=200)
   e.add_argument("--holdout", type=int, default=32)
-  e.add_argument("--reply-windows", action="store_true",
-                 help="train on windows that label every reply token, however long the "
-                      "conversation (default: each conversation's first --seq-len tokens)")
+  _reply_windows_flag(e)
   e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   e.add_argument("--cache-features", action="store_true",
                  help="compute the target's features once into OUT/features (bf16, about "
@@ -497,9 +499,7 @@ def add_parser(sub, default_model: str) -> None:
   m.add_argument("--keep", type=int, default=3)
   m.add_argument("--eval-every", type=int, default=200)
   m.add_argument("--holdout", type=int, default=32)
-  m.add_argument("--reply-windows", action="store_true",
-                 help="train on windows that label every reply token, however long the "
-                      "conversation (default: each conversation's first --seq-len tokens)")
+  _reply_windows_flag(m)
   m.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   m.add_argument("--cache-features", action="store_true",
                  help="compute the target's final hidden states once into OUT/features")
@@ -536,9 +536,7 @@ def add_parser(sub, default_model: str) -> None:
   mt.add_argument("--keep", type=int, default=3)
   mt.add_argument("--eval-every", type=int, default=200)
   mt.add_argument("--holdout", type=int, default=32)
-  mt.add_argument("--reply-windows", action="store_true",
-                  help="train on windows that label every reply token, however long the "
-                       "conversation (default: each conversation's first --seq-len tokens)")
+  _reply_windows_flag(mt)
   mt.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   mt.add_argument("--cache-features", action="store_true",
                  help="compute the target's final hidden states once into OUT/features")
