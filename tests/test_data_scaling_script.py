@@ -1,0 +1,53 @@
+"""benchmarks/scripts/data_scaling.py: the figure's JSON keeps each replay file's numbers, sorted by
+reply tokens, and files replayed with other settings are refused."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script():
+  spec = importlib.util.spec_from_file_location(
+      "data_scaling", os.path.join(ROOT, "benchmarks", "scripts", "data_scaling.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _replay(path, als, num_draft=5):
+  cats = {c: {"acceptance_length": a, "rounds": 10, "per_position_acceptance": [a - 1, 0.0]}
+          for c, a in als.items()}
+  with open(path, "w") as f:
+    json.dump(dict(head=str(path), prompts="suite.jsonl", num_draft=num_draft, max_new_tokens=128,
+                   per_category=16, categories=cats), f)
+  return str(path)
+
+
+def test_points_keep_the_replayed_numbers_in_token_order(tmp_path):
+  big = _replay(tmp_path / "big.json", {"math": 1.8, "writing": 1.4, "all": 1.6})
+  small = _replay(tmp_path / "small.json", {"math": 1.5, "writing": 1.2, "all": 1.3})
+  base = _replay(tmp_path / "base.json", {"math": 1.6, "writing": 1.3, "all": 1.45})
+  out = tmp_path / "out.json"
+  _script().main(["--point", f"500000:{big}", "--point", f"100000:{small}",
+                  "--baseline", f"shipped:{base}", "--json", str(out)])
+  d = json.loads(out.read_text())
+  assert [p["reply_tokens"] for p in d["points"]] == [100000, 500000]
+  assert d["points"][0]["al"] == {"math": 1.5, "writing": 1.2, "all": 1.3}
+  assert d["points"][1]["al"]["math"] == 1.8
+  assert d["baselines"][0]["name"] == "shipped" and d["baselines"][0]["al"]["all"] == 1.45
+
+
+def test_files_replayed_with_other_settings_are_refused(tmp_path):
+  a = _replay(tmp_path / "a.json", {"all": 1.3})
+  b = _replay(tmp_path / "b.json", {"all": 1.4}, num_draft=3)
+  with pytest.raises(SystemExit, match="other settings"):
+    _script().main(["--point", f"1:{a}", "--point", f"2:{b}", "--json", str(tmp_path / "o.json")])
+
+
+@pytest.mark.parametrize("spec", ["abc", "x:file.json"])
+def test_a_malformed_point_says_what_it_takes(tmp_path, spec):
+  with pytest.raises(SystemExit, match="REPLY_TOKENS:FILE|KEY:FILE"):
+    _script().main(["--point", spec, "--json", str(tmp_path / "o.json")])
