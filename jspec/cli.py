@@ -63,7 +63,7 @@ def cmd_generate(args) -> None:
       mesh = parse_mesh(args.mesh)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
-  loaded = cli_args.load_model(args.model)
+  loaded = cli_args.load_model(args.model, args.weights)
   tok = loaded.tokenizer
   try:
     if args.raw:
@@ -151,7 +151,7 @@ def cmd_bench_decode(args) -> None:
   sizes = cli_args.ints(args.batch_sizes, "--batch-sizes")
   cli_args.at_least_1(args, "--max-new-tokens", "--repeats")
   cli_args.check_outputs(args, [args.json])
-  loaded = cli_args.load_model(args.model)
+  loaded = cli_args.load_model(args.model, args.weights)
   cli_args.check_context(loaded, [[{"role": "user", "content": p}] for p in plain.PROMPTS],
                  args.max_new_tokens)
   report = plain.run(loaded, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
@@ -184,7 +184,7 @@ def cmd_bench(args) -> None:
     sys.exit(f"jspec: {e}")
   from jspec.bench import plots
   cli_args.check_outputs(args, [args.json], args.plot, plots.FILES)
-  loaded = cli_args.load_model(args.model)
+  loaded = cli_args.load_model(args.model, args.weights)
   cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   report = speedup.run(
       loaded, prompts, drafters=drafters, num_draft=num_draft, batch_sizes=batch_sizes,
@@ -228,7 +228,7 @@ def cmd_plan(args) -> None:
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   cli_args.check_outputs(args, [args.json, args.plot])
-  loaded = cli_args.load_model(args.model)
+  loaded = cli_args.load_model(args.model, args.weights)
   cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   tok = loaded.tokenizer
   ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
@@ -325,6 +325,7 @@ def _watch_sigint(current: list) -> None:
 
 def _parse(argv) -> argparse.Namespace:
   from models.registry import DEFAULT_MODEL
+  from models.stored_layers import WEIGHTS
 
   parser = argparse.ArgumentParser(prog="jspec", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
@@ -332,6 +333,8 @@ def _parse(argv) -> argparse.Namespace:
   g = sub.add_parser("generate", help="generate a reply to PROMPT")
   g.add_argument("prompt")
   g.add_argument("--model", default=DEFAULT_MODEL)
+  g.add_argument("--weights", choices=WEIGHTS, default="f32",
+                 help=cli_args.WEIGHTS_HELP)
   g.add_argument("--max-new-tokens", type=int, default=128)
   g.add_argument("--temperature", type=float, default=0.0)
   g.add_argument("--top-k", type=int, default=0)
@@ -360,6 +363,8 @@ def _parse(argv) -> argparse.Namespace:
 
   b = sub.add_parser("bench-decode", help="plain-decode tokens/s vs a measured bandwidth roofline")
   b.add_argument("--model", default=DEFAULT_MODEL)
+  b.add_argument("--weights", choices=WEIGHTS, default="f32",
+                 help=cli_args.WEIGHTS_HELP)
   b.add_argument("--batch-sizes", default="1,8")
   b.add_argument("--max-new-tokens", type=int, default=64)
   b.add_argument("--repeats", type=int, default=5)
@@ -372,6 +377,8 @@ def _parse(argv) -> argparse.Namespace:
   s.add_argument("--categories", default=None, help="comma-separated subset of the categories")
   s.add_argument("--per-category", type=int, default=None, help="first N prompts per category")
   s.add_argument("--model", default=DEFAULT_MODEL)
+  s.add_argument("--weights", choices=WEIGHTS, default="f32",
+                 help=cli_args.WEIGHTS_HELP)
   s.add_argument("--drafters", default="ngram,layer-skip",
                  help="comma-separated, of: " + ", ".join(_drafter_names()) +
                  " (draft-model defaults to the target as its own draft); a variant sets "
@@ -396,6 +403,8 @@ def _parse(argv) -> argparse.Namespace:
   pl = sub.add_parser("plan", help="measure verify/draft costs and acceptance on this device; "
                       "pick the drafter and D per batch size")
   pl.add_argument("--model", default=DEFAULT_MODEL)
+  pl.add_argument("--weights", choices=WEIGHTS, default="f32",
+                 help=cli_args.WEIGHTS_HELP)
   pl.add_argument("--drafters", default="ngram,eagle3",
                   help="comma-separated, of: " + ", ".join(_drafter_names()))
   pl.add_argument("--batch-sizes", default="1,4")

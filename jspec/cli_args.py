@@ -8,11 +8,15 @@ import os
 import sys
 
 
-def load_model(name: str):
+WEIGHTS_HELP = ("how the target's weights are held: f32 (dequantised, the default), bf16, int8, "
+                "gguf (a GGUF file's Q8_0/Q4_0/Q4_1 blocks read as stored), auto (as stored)")
+
+
+def load_model(name: str, weights: str = "f32"):
   """The registered model `name`; exits with the loader's message where it cannot load."""
   import models
   try:
-    return models.load(name)
+    return models.load(name, weights=weights)
   except models.ModelLoadError as e:
     sys.exit(f"jspec: {e}")
 

@@ -215,6 +215,7 @@ class Decoder:
     """mesh: a `jax.sharding.Mesh` or a spec such as "data=2,model=4" (`jspec.sharding`): the
     weights are placed on it and every program runs under it."""
     self.config = model.config
+    self.activation_dtype = model.activation_dtype
     self.graphdef, self.weights = nnx.split(model)
     self.mesh = sharding.as_mesh(mesh)
     if self.mesh is not None:
@@ -269,4 +270,5 @@ class Decoder:
 
   @property
   def weights_dtype(self):
-    return jax.tree_util.tree_leaves(self.weights)[0].dtype
+    """The dtype of activations and of the KV cache (float32 for weights in a stored format)."""
+    return self.activation_dtype

@@ -10,6 +10,7 @@ import numpy as np
 
 from models.config import LlamaConfig
 from models.errors import ModelLoadError, UnsupportedModelError
+from models.weight_formats import GGUF_TYPES, QuantTensor, from_gguf, permute_rows
 
 _SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe")
 _ARCH = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe"}   # GGUF -> jspec arch names
@@ -93,8 +94,32 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
           .swapaxes(1, 2).reshape(w.shape))
 
 
-def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, Any]]:
-  """Returns (config, HF-named fp32 tensors, metadata)."""
+def _put(tensors: dict, gguf_name: str, m, w) -> None:
+  """Stores w under its Hugging Face name."""
+  if m:
+    layer, kind, suffix = m.groups()
+    if kind not in _LAYER_NAMES:
+      raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name}")
+    tensors[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"] = w
+    return
+  base, _, suffix = gguf_name.rpartition(".")
+  if base not in _TOP_NAMES:
+    if base == "rope_freqs":
+      raise UnsupportedModelError("GGUF with rope_freqs (scaled RoPE) is not supported")
+    raise UnsupportedModelError(f"unexpected GGUF tensor {gguf_name}")
+  tensors[f"{_TOP_NAMES[base]}.{suffix}"] = w
+
+
+_DENSE = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+          "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"}   # linear layers a format can hold
+
+
+def load_gguf(path: str, *, keep_stored: bool = False, strict: bool = False
+              ) -> tuple[LlamaConfig, dict[str, np.ndarray | QuantTensor], dict[str, Any]]:
+  """Returns (config, HF-named tensors, metadata): fp32 arrays, except with keep_stored the dense
+  linear weights, embedding and LM head in Q8_0 / Q4_0 / Q4_1 / BF16, which come as
+  `QuantTensor`s of the file's own bytes (`models.weight_formats`). Norms, routers and MoE experts
+  are dequantised; so are dense weights in other formats, unless strict, which refuses them."""
   import dataclasses
   from gguf import quants
 
@@ -103,6 +128,22 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, 
   cfg = config_from_metadata(meta)
   tensors = {}
   for t in reader.tensors:
+    m = _BLOCK.fullmatch(t.name)
+    dense = (m.group(2) in _DENSE) if m else t.name in ("token_embd.weight", "output.weight")
+    stored = GGUF_TYPES.get(t.tensor_type.name) if keep_stored and dense else None
+    if keep_stored and strict and dense and not stored and t.tensor_type.name != "F32":
+      raise UnsupportedModelError(
+          f"GGUF tensor {t.name} is {t.tensor_type.name}; weights kept as stored can be "
+          f"{', '.join(GGUF_TYPES)} (or F32). Load this file with --weights f32 (dequantised), "
+          "bf16 or int8")
+    if stored:
+      k, n = (int(x) for x in t.shape)          # GGUF lists dims innermost first
+      w = from_gguf(np.asarray(t.data), stored, n, k)
+      if m and cfg.arch in ("llama", "mixtral") and m.group(2) in ("attn_q", "attn_k"):
+        heads = cfg.num_heads if m.group(2) == "attn_q" else cfg.num_kv_heads
+        w = permute_rows(w, _unpermute(np.arange(n), heads))
+      _put(tensors, t.name, m, w)
+      continue
     try:
       w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
     except NotImplementedError as e:
@@ -110,25 +151,12 @@ def load_gguf(path: str) -> tuple[LlamaConfig, dict[str, np.ndarray], dict[str, 
                                   f"{t.tensor_type.name}") from e
     except (ValueError, IndexError) as e:
       raise ModelLoadError(f"tensor {t.name} of {path!r} is corrupt or truncated: {e}") from e
-    m = _BLOCK.fullmatch(t.name)
     if m and m.group(2) in _EXPERT_NAMES:
       tensors[f"model.layers.{m.group(1)}.moe.{_EXPERT_NAMES[m.group(2)]}"] = w.transpose(0, 2, 1)
       continue
-    if m:
-      layer, kind, suffix = m.groups()
-      if kind not in _LAYER_NAMES:
-        raise UnsupportedModelError(f"unexpected GGUF tensor {t.name}")
-      if cfg.arch in ("llama", "mixtral") and kind in ("attn_q", "attn_k"):
-        w = _unpermute(w, cfg.num_heads if kind == "attn_q" else cfg.num_kv_heads)
-      name = f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{suffix}"
-    else:
-      base, _, suffix = t.name.rpartition(".")
-      if base not in _TOP_NAMES:
-        if base == "rope_freqs":
-          raise UnsupportedModelError("GGUF with rope_freqs (scaled RoPE) is not supported")
-        raise UnsupportedModelError(f"unexpected GGUF tensor {t.name}")
-      name = f"{_TOP_NAMES[base]}.{suffix}"
-    tensors[name] = w
+    if m and cfg.arch in ("llama", "mixtral") and m.group(2) in ("attn_q", "attn_k"):
+      w = _unpermute(w, cfg.num_heads if m.group(2) == "attn_q" else cfg.num_kv_heads)
+    _put(tensors, t.name, m, w)
   cfg = dataclasses.replace(cfg, tie_embeddings="lm_head.weight" not in tensors)
   if cfg.num_experts:   # layers without a router are dense
     dense = tuple(i for i in range(cfg.num_layers)

@@ -12,6 +12,23 @@ from models.config import LlamaConfig
 from models.errors import ModelFetchError, ModelLoadError
 
 
+def stored_dtype(folder: str) -> str:
+  """"bf16" when most of the folder's safetensors weights are stored in bf16, else "f32"
+  (read from the files' JSON headers)."""
+  counts: dict[str, int] = {}
+  for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+    try:
+      with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(size))
+    except (OSError, ValueError):
+      continue
+    for name, info in header.items():
+      if name != "__metadata__":
+        counts[info.get("dtype", "")] = counts.get(info.get("dtype", ""), 0) + 1
+  return "bf16" if counts and max(counts, key=counts.get) == "BF16" else "f32"
+
+
 def load_hf_folder(folder: str) -> tuple[LlamaConfig, dict[str, np.ndarray]]:
   cfg_path = os.path.join(folder, "config.json")
   if not os.path.isfile(cfg_path):

@@ -18,6 +18,8 @@ from models import cpu_gemm
 from models.config import LlamaConfig
 from models.kv_cache import KVCache
 from models.moe import MoE
+from models.stored_layers import StoredEmbed, StoredLinear
+from models.weight_formats import dequantize
 from pallas_kernels.verify_attention import (IMPLS, attend_unwritten, attention_mask, choose_impl,
                                              verify_attention)
 
@@ -160,6 +162,7 @@ class Llama(nnx.Module):
       raise ValueError(f"matmul_impl must be one of {cpu_gemm.IMPLS}, got {matmul_impl!r}")
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self.config = cfg
+    self.activation_dtype = jnp.dtype(dtype)
     self.attention_impl = attention_impl
     self.matmul_impl = matmul_impl
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=dtype, dtype=dtype,
@@ -258,20 +261,31 @@ class Llama(nnx.Module):
                      for buf, h in zip(hidden, out.hidden))
       return i + 1, out.cache, logits, hidden
 
-    dtype = self.embed.embedding[...].dtype
-    hidden = tuple(jnp.zeros((b, n * chunk, self.config.hidden_size), dtype) for _ in taps)
+    hidden = tuple(jnp.zeros((b, n * chunk, self.config.hidden_size), self.activation_dtype)
+                   for _ in taps)
     logits = jnp.zeros((b, 1, self.config.vocab_size), jnp.float32)
     _, cache, logits, hidden = jax.lax.while_loop(lambda c: c[0] < needed, body,
                                                   (jnp.int32(0), cache, logits, hidden))
     return ForwardOutput(logits=logits, cache=cache, hidden=tuple(h[:, :p] for h in hidden))
 
+  def embed_table(self) -> jax.Array:
+    """The token embedding [V, H] as a float array (dequantised when held in a stored format)."""
+    if isinstance(self.embed, StoredEmbed):
+      return self.embed.rows()
+    return self.embed.embedding[...]
+
   def head_rows(self, ids: jax.Array | None = None) -> jax.Array:
     """The LM head's rows [V, H] (the embedding when tied), or those of token ids [K]: [K, H]."""
+    head = self.embed if self.config.tie_embeddings else self.lm_head
+    if isinstance(head, (StoredEmbed, StoredLinear)):
+      return dequantize(head.tensor(), rows=ids)
     table = (self.embed.embedding[...] if self.config.tie_embeddings
              else self.lm_head.kernel[...].T)
     return table if ids is None else table[ids]
 
   def logits(self, x: jax.Array) -> jax.Array:
+    if isinstance(self.embed, StoredEmbed) and self.config.tie_embeddings:
+      return self.embed.attend(x)
     if self.config.tie_embeddings:
       table = self.embed.embedding[...]
       return cpu_gemm.matmul(x.astype(table.dtype), table, transpose_w=True,

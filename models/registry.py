@@ -48,19 +48,34 @@ def resolve(name: str, *, quiet: bool = False) -> str:
       "file, a Hugging Face folder (config.json + *.safetensors), or a hub id 'org/name'")
 
 
-def load(name: str = DEFAULT_MODEL, *, dtype=jnp.float32, quiet: bool = False) -> LoadedModel:
+def load(name: str = DEFAULT_MODEL, *, dtype=jnp.float32, quiet: bool = False,
+         weights: str = "f32") -> LoadedModel:
+  """weights: how the dense weights are held (`models.stored_layers.WEIGHTS`): "f32" (dequantised
+  to float32), "bf16" or "int8" (converted), "gguf" (a GGUF file's Q8_0/Q4_0/Q4_1/BF16 blocks kept
+  as stored; other block formats refused), "auto" (as stored: a GGUF file's blocks where jspec
+  reads their format, a safetensors folder's bf16, else float32)."""
+  from models.stored_layers import WEIGHTS
   from models.weights import llama_from_hf_tensors
 
+  if weights not in WEIGHTS:
+    raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
   path = resolve(name, quiet=quiet)
+  fmt = weights if weights in ("bf16", "int8") else None
   if os.path.isdir(path):
-    from models.hf_loader import load_hf_folder
+    from models.hf_loader import load_hf_folder, stored_dtype
+    if weights == "gguf":
+      raise ModelLoadError(f"--weights gguf keeps a GGUF file's blocks; {path!r} is a safetensors "
+                           "folder: use auto, f32, bf16 or int8")
+    if weights == "auto" and stored_dtype(path) == "bf16":
+      fmt = "bf16"
     cfg, tensors = load_hf_folder(path)
     tokenizer = Tokenizer.from_folder(path)
   elif path.endswith(".gguf"):
     from models.gguf_loader import load_gguf
-    cfg, tensors, meta = load_gguf(path)
+    cfg, tensors, meta = load_gguf(path, keep_stored=weights in ("auto", "gguf"),
+                                   strict=weights == "gguf")
     tokenizer = Tokenizer.from_gguf_metadata(meta)
   else:
     raise ModelLoadError(f"{path!r} is neither a .gguf file nor a model folder")
-  model = llama_from_hf_tensors(cfg, tensors, dtype=dtype)
+  model = llama_from_hf_tensors(cfg, tensors, dtype=dtype, weight_format=fmt)
   return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=path)

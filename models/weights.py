@@ -12,6 +12,8 @@ from flax import nnx
 from models.config import LlamaConfig
 from models.errors import ModelLoadError
 from models.llama import Llama
+from models.stored_layers import store_weights
+from models.weight_formats import QuantTensor
 
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
 IN_LAYER = {
@@ -92,14 +94,17 @@ def stack_experts(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   return out
 
 
-def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray],
-                          dtype=jnp.float32, **model_kwargs) -> Llama:
-  """tensors: HF parameter name -> array in HF layout ([out, in] for linear weights); MoE experts
-  per expert or fused (`stack_experts`). model_kwargs: `Llama` options (attention_impl, ...)."""
+def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray | QuantTensor],
+                          dtype=jnp.float32, *, weight_format: str | None = None,
+                          **model_kwargs) -> Llama:
+  """tensors: HF parameter name -> array in HF layout ([out, in] for linear weights), or a
+  `QuantTensor` (a dense weight kept in its stored format); MoE experts per expert or fused
+  (`stack_experts`). weight_format: quantise the other dense weights to it
+  (`models.stored_layers.store_weights`). model_kwargs: `Llama` options (attention_impl, ...)."""
   abstract = nnx.eval_shape(lambda: Llama(cfg, dtype=dtype, **model_kwargs))
   graphdef, state = nnx.split(abstract)
   wanted = {path: var for path, var in nnx.to_flat_state(state)}
-  filled = {}
+  filled, stored = {}, {}
   mtp_layers = range(cfg.num_layers, cfg.num_layers + cfg.num_nextn_predict_layers)
   for name, array in stack_experts(tensors).items():
     m = _LAYER.fullmatch(name)
@@ -114,6 +119,15 @@ def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray],
       if path == ("lm_head", "kernel") and cfg.tie_embeddings:
         continue  # some tied checkpoints also store the head
       raise ModelLoadError(f"weight {name!r} does not fit the config (arch {cfg.arch})")
+    if isinstance(array, QuantTensor):
+      expected = wanted[path].shape
+      if tuple(array.shape) != (tuple(expected)[::-1] if path[-1] in _TRANSPOSED
+                                else tuple(expected)):
+        raise ModelLoadError(f"weight {name!r} has shape {array.shape}, the config expects "
+                             f"{tuple(expected)}")
+      stored[path] = array
+      filled[path] = jnp.zeros((0,), dtype)    # the layer is swapped for a stored one below
+      continue
     array = np.asarray(array)
     if path[-1] in _TRANSPOSED:
       array = array.T
@@ -126,4 +140,11 @@ def llama_from_hf_tensors(cfg: LlamaConfig, tensors: Mapping[str, np.ndarray],
     raise ModelLoadError(f"checkpoint lacks {len(missing)} weights, e.g. {missing[:3]}")
   for path, var in wanted.items():
     var.set_value(filled[path])
-  return nnx.merge(graphdef, nnx.from_flat_state(list(wanted.items())))
+  model = nnx.merge(graphdef, nnx.from_flat_state(list(wanted.items())))
+  if stored or weight_format not in (None, "f32"):
+    if jnp.dtype(dtype) != jnp.float32:
+      raise ModelLoadError(f"weights in a stored format compute in float32; load with dtype "
+                           f"float32, not {jnp.dtype(dtype).name}")
+    store_weights(model, stored,
+                  None if weight_format in (None, "f32") else weight_format)
+  return model

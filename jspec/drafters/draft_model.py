@@ -78,11 +78,14 @@ def layer_skip_model(target: Llama, num_layers: int) -> Llama:
     raise ValueError(f"layer-skip needs 1 <= num_layers < {cfg.num_layers} (the target's depth), "
                      f"got {num_layers}")
   small = dataclasses.replace(cfg, num_layers=num_layers)
-  dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
-  graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Llama(small, dtype=dtype)))
-  source = dict(nnx.to_flat_state(nnx.state(target)))
-  filled = [(path, source[path]) for path, _ in nnx.to_flat_state(abstract)]
-  return nnx.merge(graphdef, nnx.from_flat_state(filled))
+  model = nnx.eval_shape(lambda: Llama(small, dtype=target.activation_dtype,
+                                       attention_impl=target.attention_impl,
+                                       matmul_impl=target.matmul_impl, moe_impl=target.moe_impl))
+  model.embed, model.norm = target.embed, target.norm      # every submodule is the target's own
+  model.layers = nnx.List(list(target.layers)[:num_layers])
+  if not cfg.tie_embeddings:
+    model.lm_head = target.lm_head
+  return model
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,7 +64,7 @@ def calibrate_dspark(target: Llama, folder: str, data: Replies, *, source: str =
   tokens = jnp.asarray(data.tokens)
   feats = target_features(target, tokens, module.config.taps, ids)
   _, _, out = jax.jit(lambda t, m, l: block_loss(
-      module, target.embed.embedding[...], target.head_rows(ids), feats.taps,
+      module, target.embed_table(), target.head_rows(ids), feats.taps,
       feats.target_logits, t, m, l, jax.random.key(0), gamma=4.0,
       max_anchors=min(128, tokens.shape[1]),
       outputs=True))(tokens, jnp.asarray(data.reply.astype(np.int32)), jnp.asarray(data.length))

@@ -224,7 +224,7 @@ def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: i
     ids = (mod.backbone if kind == "dspark" else mod).draft_to_target[...]
     tokens = batch["tokens"]
     feats = target_features(tgt, tokens, taps, ids, batch.get("feats"))
-    return block_loss(mod, tgt.embed.embedding[...], tgt.head_rows(ids), feats.taps,
+    return block_loss(mod, tgt.embed_table(), tgt.head_rows(ids), feats.taps,
                       feats.target_logits, tokens, batch["loss_mask"], batch["length"],
                       batch_key(tokens, seed), gamma=gamma, max_anchors=max_anchors)
 

@@ -147,7 +147,7 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
     h = nnx.merge(graphdef, params, rest)
     feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...],
                             batch.get("feats"))
-    return ttt_loss(h, tgt.embed.embedding[...], feats, batch["tokens"], batch["loss_mask"],
+    return ttt_loss(h, tgt.embed_table(), feats, batch["tokens"], batch["loss_mask"],
                     batch["length"], ttt_steps=ttt_steps, decay=decay)
 
   meta = dict(head=dataclasses.asdict(head.config), ttt_steps=ttt_steps, decay=decay,
@@ -167,6 +167,6 @@ def draft_predictions(head: Eagle3Head, target: Llama, tokens: jax.Array,
   b, n = tokens.shape
   feats = target_features(target, tokens, tuple(head.config.taps), head.draft_to_target[...])
   anchors = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32)[None], (b, n))
-  outs = ttt_forward(head, target.embed.embedding[...], feats.taps, tokens, anchors, num_draft)
+  outs = ttt_forward(head, target.embed_table(), feats.taps, tokens, anchors, num_draft)
   ids = head.draft_to_target[...]
   return jnp.stack([ids[jnp.argmax(head.draft_logits(a), -1)] for a in outs], axis=1)

@@ -43,7 +43,7 @@ def final_hidden(target: Llama, tokens: jax.Array, cached: jax.Array | None = No
     return jax.lax.stop_gradient(cached[:, :, -1].astype(jnp.float32))
   cfg = target.config
   b, n = tokens.shape
-  out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
+  out = target(tokens, KVCache.init(cfg, b, n, dtype=target.activation_dtype),
                logit_indices=jnp.zeros((b, 1), jnp.int32), taps=(cfg.num_layers,))
   return jax.lax.stop_gradient(target.norm(out.hidden[0]).astype(jnp.float32))
 

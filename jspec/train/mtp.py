@@ -48,7 +48,7 @@ def target_features(target: Llama, tokens: jax.Array, draft_ids: jax.Array,
   cfg = target.config
   if cached is None:
     b, n = tokens.shape
-    out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
+    out = target(tokens, KVCache.init(cfg, b, n, dtype=target.activation_dtype),
                  logit_indices=jnp.zeros((b, 1), jnp.int32), taps=(cfg.num_layers,))
     final = target.norm(out.hidden[0]).astype(jnp.float32)
   else:
@@ -149,7 +149,7 @@ def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: floa
     mod = nnx.merge(graphdef, params, rest)
     ids = mod.draft_to_target[...]
     feats = target_features(tgt, batch["tokens"], ids, batch.get("feats"))
-    return mtp_loss(mod, tgt.embed.embedding[...], tgt.norm.scale[...], tgt.head_rows(ids),
+    return mtp_loss(mod, tgt.embed_table(), tgt.norm.scale[...], tgt.head_rows(ids),
                     feats, batch["tokens"], batch["loss_mask"], batch["length"], steps=steps,
                     beta=beta)
 

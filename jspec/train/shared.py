@@ -28,7 +28,7 @@ def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
   cfg = target.config
   if cached is None:
     b, n = tokens.shape
-    out = target(tokens, KVCache.init(cfg, b, n, dtype=target.embed.embedding[...].dtype),
+    out = target(tokens, KVCache.init(cfg, b, n, dtype=target.activation_dtype),
                  logit_indices=jnp.zeros((b, 1), jnp.int32), taps=tuple(taps) + (cfg.num_layers,))
     hidden, final = tuple(out.hidden[:-1]), target.norm(out.hidden[-1])      # [B, N, H]
   else:

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from models.weight_formats import CODES, QuantTensor, reference_matmul
 from pallas_kernels import ffi_build
 
 SOURCE = Path(__file__).with_name("kernel.cc")
@@ -30,6 +32,8 @@ NAME = "jspec_cpu_gemm"
 MAX_ROWS = 16        # above this, XLA's GEMM is the faster kernel (benchmarks/results/gemm_crossover)
 IMPLS = ("auto", "ffi", "xla")
 _TARGETS = {False: "jspec_cpu_gemm_nn", True: "jspec_cpu_gemm_nt"}
+_Q_TARGET = "jspec_cpu_gemm_q"
+_ALL_TARGETS = (*_TARGETS.values(), _Q_TARGET)
 _warned: list = []
 
 CpuGemmBuildError = ffi_build.FfiBuildError
@@ -45,7 +49,7 @@ def _register() -> bool:
   they are unavailable."""
   if os.environ.get("JSPEC_CPU_GEMM", "1") == "0":
     return False
-  ok, why = ffi_build.register(SOURCE, NAME, tuple(_TARGETS.values()))
+  ok, why = ffi_build.register(SOURCE, NAME, _ALL_TARGETS)
   if not ok and not _warned:
     _warned.append(why)
     warnings.warn(f"jspec: the CPU small-M matmul kernel is unavailable, using XLA's dot "
@@ -57,7 +61,7 @@ def _register() -> bool:
 def _why_not() -> str:
   if os.environ.get("JSPEC_CPU_GEMM", "1") == "0":
     return "disabled by JSPEC_CPU_GEMM=0"
-  return ffi_build.register(SOURCE, NAME, tuple(_TARGETS.values()))[1]
+  return ffi_build.register(SOURCE, NAME, _ALL_TARGETS)[1]
 
 
 def available() -> bool:
@@ -118,6 +122,47 @@ def matmul(x: jax.Array, w: jax.Array, *, transpose_w: bool = False,
   if use_kernel(x, w, impl):
     return _ffi_matmul(x, w, transpose_w)
   return reference(x, w, transpose_w)
+
+
+def _ffi_qmatmul(x: jax.Array, t: QuantTensor) -> jax.Array:
+  n, _ = t.shape
+  call = jax.ffi.ffi_call(_Q_TARGET, jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32),
+                          vmap_method="sequential")
+  d = t.d if t.d.size else jnp.zeros((1,), jnp.float32)
+  m = t.m if t.m.size else jnp.zeros((1,), jnp.float32)
+  return call(x.astype(jnp.float32), t.q, d, m, fmt=np.int32(CODES[t.fmt]), n_out=np.int64(n))
+
+
+def use_q_kernel(x: jax.Array, impl: str = "auto") -> bool:
+  """Static choice for stored-format weights: the kernel on CPU outside a mesh, for any number
+  of rows up to MAX_ROWS under "auto" (a prefill's tall products dequantise once and use XLA's
+  GEMM), always under "ffi"."""
+  if impl not in IMPLS:
+    raise ValueError(f"matmul impl must be one of {IMPLS}, got {impl!r}")
+  if impl == "xla":
+    return False
+  rows = math.prod(x.shape[:-1])
+  on_cpu = jax.default_backend() == "cpu"
+  if impl == "ffi":
+    if not on_cpu:
+      raise ValueError(f"matmul impl='ffi' runs on CPU only, not {jax.default_backend()}; "
+                       "use impl='auto'")
+    if not _register():
+      raise CpuGemmBuildError(_why_not())
+    return True
+  return (on_cpu and 1 <= rows <= MAX_ROWS and jax.sharding.get_abstract_mesh().empty
+          and _register())
+
+
+def qmatmul(x: jax.Array, t: QuantTensor, *, impl: str = "auto") -> jax.Array:
+  """x [..., K] @ w^T for a stored-format weight t ([N, K], `models.weight_formats`) -> [..., N]
+  float32: the kernel reads t as stored (dequantising in registers and L1); elsewhere the
+  reference dequantises t and uses XLA's dot. Not differentiable in t."""
+  if x.shape[-1] != t.shape[1]:
+    raise ValueError(f"qmatmul: x has {x.shape[-1]} features, the weight {t.shape[1]}")
+  if use_q_kernel(x, impl):
+    return _ffi_qmatmul(x, t)
+  return reference_matmul(x, t)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -255,6 +255,233 @@ ffi::Error MatmulNT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   return Matmul(true, pool, x, w, y);
 }
 
+
+// ---- quantized weights, kept as stored: y = x @ dequant(w)^T, w rows [N, K] -----------------
+// Formats (QFormat below, the same codes as models.weight_formats.CODES): bf16 (q: bf16 bits
+// [N, K]); int8 (q: int8 [N, K], d: f32 [N], one scale per row); and GGUF's 32-weight blocks along
+// K: q8_0 (q: int8 [N, K], d: f16 [N, K/32], w = d q), q4_0 (q: nibbles [N, K/2], w = d (q - 8)),
+// q4_1 (+ m: f16 [N, K/32], w = d q + m). In a 4-bit block of 16 bytes, byte j holds weight j in its
+// low nibble and weight j + 16 in its high nibble (GGUF's order). Four rows of w are dequantised at
+// a time into an L1 buffer (the weights are read once, from memory, as stored) and the M rows of x
+// are multiplied against that buffer with nt_block, so a verify block reads the weights once too.
+
+enum QFormat : int32_t { Q_BF16 = 1, Q_INT8 = 2, Q_Q8_0 = 3, Q_Q4_0 = 4, Q_Q4_1 = 5 };
+constexpr int QBLOCK = 32;
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {                 // subnormal: normalise
+      int e = -1;
+      do { ++e; man <<= 1; } while (!(man & 0x400u));
+      bits = sign | ((112 - e) << 23) | ((man & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// 16 weights to floats: int8 * d; bf16 bits; nibbles (low or high half of 16 bytes) * d + m.
+// Explicit intrinsics: GCC scalarises __builtin_convertvector from 8-bit lanes.
+inline void i8_16(const uint8_t* p, float d, float* out) {
+#if defined(__AVX512F__)
+  __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+  _mm512_storeu_ps(out, _mm512_mul_ps(v, _mm512_set1_ps(d)));
+#elif defined(__AVX2__)
+  for (int h = 0; h < 2; ++h) {
+    __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8 * h))));
+    _mm256_storeu_ps(out + 8 * h, _mm256_mul_ps(v, _mm256_set1_ps(d)));
+  }
+#else
+  for (int i = 0; i < 16; ++i) out[i] = static_cast<float>(static_cast<int8_t>(p[i])) * d;
+#endif
+}
+
+inline void bf16_16(const uint16_t* p, float* out) {
+#if defined(__AVX512F__)
+  __m512i v = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16);
+  _mm512_storeu_ps(out, _mm512_castsi512_ps(v));
+#elif defined(__AVX2__)
+  for (int h = 0; h < 2; ++h) {
+    __m256i v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8 * h))), 16);
+    _mm256_storeu_ps(out + 8 * h, _mm256_castsi256_ps(v));
+  }
+#else
+  for (int i = 0; i < 16; ++i) {
+    uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+    __builtin_memcpy(out + i, &bits, 4);
+  }
+#endif
+}
+
+// A 32-weight 4-bit block (16 bytes): out[j] = (q_j + bias) * d + m, q_j the low nibble of byte j
+// (j < 16) or the high nibble of byte j - 16. q4_0: bias -8, m 0; q4_1: bias 0.
+inline void nib_32(const uint8_t* p, float bias, float d, float m, float* out) {
+#if defined(__AVX512F__)
+  __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));
+  __m512 dv = _mm512_set1_ps(d), mv = _mm512_set1_ps(m), bv = _mm512_set1_ps(bias);
+  __m512 lo = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_and_si512(v, _mm512_set1_epi32(15))), bv);
+  __m512 hi = _mm512_add_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4)), bv);
+  _mm512_storeu_ps(out, _mm512_fmadd_ps(lo, dv, mv));
+  _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(hi, dv, mv));
+#elif defined(__AVX2__)
+  __m256 dv = _mm256_set1_ps(d), mv = _mm256_set1_ps(m), bv = _mm256_set1_ps(bias);
+  for (int h = 0; h < 2; ++h) {
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8 * h)));
+    __m256 lo = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(15))), bv);
+    __m256 hi = _mm256_add_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 4)), bv);
+    _mm256_storeu_ps(out + 8 * h, _mm256_fmadd_ps(lo, dv, mv));
+    _mm256_storeu_ps(out + 16 + 8 * h, _mm256_fmadd_ps(hi, dv, mv));
+  }
+#else
+  for (int i = 0; i < 16; ++i) {
+    out[i] = (static_cast<float>(p[i] & 15) + bias) * d + m;
+    out[i + 16] = (static_cast<float>(p[i] >> 4) + bias) * d + m;
+  }
+#endif
+}
+
+struct QWeights {
+  int32_t fmt;
+  const uint8_t* q;      // row n starts at q + n * row_bytes
+  const uint16_t* d;     // f16 per block (q8_0/q4_*); for int8 the f32 scales (see dq)
+  const float* dq;       // int8: f32 [N]
+  const uint16_t* m;     // q4_1 mins
+  int64_t K, row_bytes;
+};
+
+// Row n of w as K floats into out (K a multiple of 32 for the block formats, of 16 otherwise).
+void dequant_row(const QWeights& w, int64_t n, float* out) {
+  const int64_t K = w.K, nb = K / QBLOCK;
+  const uint8_t* q = w.q + n * w.row_bytes;
+  switch (w.fmt) {
+    case Q_BF16:
+      for (int64_t k = 0; k < K; k += 16) bf16_16(reinterpret_cast<const uint16_t*>(q) + k, out + k);
+      break;
+    case Q_INT8:
+      for (int64_t k = 0; k < K; k += 16) i8_16(q + k, w.dq[n], out + k);
+      break;
+    case Q_Q8_0: {
+      const uint16_t* dr = w.d + n * nb;
+      for (int64_t b = 0; b < nb; ++b) {
+        float d = half_to_float(dr[b]);
+        i8_16(q + b * QBLOCK, d, out + b * QBLOCK);
+        i8_16(q + b * QBLOCK + 16, d, out + b * QBLOCK + 16);
+      }
+      break;
+    }
+    case Q_Q4_0: {
+      const uint16_t* dr = w.d + n * nb;
+      for (int64_t b = 0; b < nb; ++b)
+        nib_32(q + b * 16, -8.f, half_to_float(dr[b]), 0.f, out + b * QBLOCK);
+      break;
+    }
+    case Q_Q4_1: {
+      const uint16_t* dr = w.d + n * nb;
+      const uint16_t* mr = w.m + n * nb;
+      for (int64_t b = 0; b < nb; ++b)
+        nib_32(q + b * 16, 0.f, half_to_float(dr[b]), half_to_float(mr[b]), out + b * QBLOCK);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+constexpr int QC = 4;   // rows of w dequantised together
+
+void q_nrange(const float* x, const QWeights& w, float* y, int64_t M, int64_t N, int64_t n0,
+              int64_t n1, float* buf) {
+  const int64_t K = w.K;
+  int64_t n = n0;
+  for (; n + QC <= n1; n += QC) {
+    for (int c = 0; c < QC; ++c) dequant_row(w, n + c, buf + c * K);
+    for (int64_t m = 0; m < M; m += MB) {
+      const float* xm = x + m * K;
+      float* ym = y + m * N + n;
+      switch (std::min<int64_t>(MB, M - m)) {
+        case 4: nt_block<4, QC>(xm, K, buf, N, ym, 0); break;
+        case 3: nt_block<3, QC>(xm, K, buf, N, ym, 0); break;
+        case 2: nt_block<2, QC>(xm, K, buf, N, ym, 0); break;
+        default: nt_block<1, QC>(xm, K, buf, N, ym, 0); break;
+      }
+    }
+  }
+  for (; n < n1; ++n) {
+    dequant_row(w, n, buf);
+    for (int64_t m = 0; m < M; ++m) nt_block<1, 1>(x + m * K, K, buf, N, y + m * N + n, 0);
+  }
+}
+
+struct QJob {
+  QWeights w;
+  const float* x;
+  float* y;
+  int64_t M, N, nchunks, chunk;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void work() {
+    std::unique_ptr<float[]> buf;
+    for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < nchunks;) {
+      if (!buf) buf.reset(new float[QC * w.K]);
+      int64_t lo = c * chunk;
+      q_nrange(x, w, y, M, N, lo, std::min(N, lo + chunk), buf.get());
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error QMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer q,
+                   ffi::AnyBuffer d, ffi::AnyBuffer m, ffi::ResultBuffer<ffi::F32> y,
+                   int32_t fmt, int64_t n_out) {
+  auto xd = x.dimensions();
+  auto qd = q.dimensions();
+  if (xd.size() < 1 || qd.size() != 2 || qd[0] != n_out)
+    return ffi::Error::InvalidArgument("cpu_gemm q: x must be [..., K] and q [N, bytes]");
+  int64_t K = xd.back(), N = n_out, M = 1;
+  for (size_t i = 0; i + 1 < xd.size(); ++i) M *= xd[i];
+  QWeights w{fmt, static_cast<const uint8_t*>(q.untyped_data()),
+             static_cast<const uint16_t*>(d.untyped_data()),
+             static_cast<const float*>(d.untyped_data()),
+             static_cast<const uint16_t*>(m.untyped_data()), K,
+             static_cast<int64_t>(q.size_bytes()) / std::max<int64_t>(1, N)};
+  bool blocks = fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1;
+  int64_t want = fmt == Q_BF16 ? 2 * K : (fmt == Q_Q4_0 || fmt == Q_Q4_1) ? K / 2 : K;
+  if (fmt < Q_BF16 || fmt > Q_Q4_1) return ffi::Error::InvalidArgument("cpu_gemm q: unknown format");
+  if (K % (blocks ? QBLOCK : 16) != 0 || w.row_bytes != want)
+    return ffi::Error::InvalidArgument("cpu_gemm q: K does not fit the format's blocks");
+  float* out = y->typed_data();
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  auto job = std::make_shared<QJob>();
+  job->w = w;
+  job->x = x.typed_data();
+  job->y = out;
+  job->M = M;
+  job->N = N;
+  int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  int64_t chunk = (N + 4 * threads - 1) / (4 * threads);
+  job->chunk = std::max<int64_t>(QC, (chunk + QC - 1) / QC * QC);
+  job->nchunks = (N + job->chunk - 1) / job->chunk;
+  int64_t helpers = std::min<int64_t>(threads, job->nchunks) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([job] { job->work(); });
+  job->work();
+  while (job->done.load(std::memory_order_acquire) < job->nchunks) {
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(jspec_cpu_gemm_nn, MatmulNN,
@@ -270,3 +497,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jspec_cpu_gemm_nt, MatmulNT,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(jspec_cpu_gemm_q, QMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("fmt")
+                                  .Attr<int64_t>("n_out"));

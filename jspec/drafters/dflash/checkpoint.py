@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -53,7 +52,7 @@ def load_for_target(folder: str | None, target, kind: str):
   sha = None
   if folder is None:
     folder, sha = heads.shipped_head(kind, target.config)
-  dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
+  dtype = target.activation_dtype
   return load(folder, kind, dtype=dtype, expected_sha256=sha)
 
 

@@ -120,5 +120,5 @@ def drafter_params(module: DFlashModule, state, target: Llama) -> dict:
   """The drafter's params: its state, the target's embedding and LM-head rows of its vocabulary."""
   cfg = module.config
   full = cfg.draft_vocab_size == cfg.vocab_size
-  return {"drafter": state, "embed": target.embed.embedding[...],
+  return {"drafter": state, "embed": target.embed_table(),
           "head": target.head_rows(None if full else module.draft_to_target[...])}

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-from flax import nnx
 
 from jspec.drafters import eagle_tree, heads, registry
 from jspec.drafters.eagle3.checkpoint import load_eagle3, read_config, save_eagle3
@@ -37,7 +35,7 @@ def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None)
     path, sha = opts.head, None
     if path is None:
       path, sha = heads.shipped_head("eagle3", target.config)
-    dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
+    dtype = target.activation_dtype
     head = load_eagle3(path, dtype=dtype, expected_sha256=sha)
   return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling,
                                  tree_top_k=opts.tree_top_k, tree_depth=opts.tree_depth)

@@ -51,7 +51,7 @@ class Eagle3Drafter(Drafter):
       eagle_tree.check(tree_top_k, tree_depth, num_draft, head.config.draft_vocab_size)
     attach_target_rows(head, target)
     graphdef, state = nnx.split(head)
-    params = {"head": state, "embed": target.embed.embedding[...]}
+    params = {"head": state, "embed": target.embed_table()}
     return cls(graphdef, num_draft, tuple(head.config.taps), sample,
                target.attention_impl, tree_top_k, tree_depth), params
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
-from flax import nnx
 
 from jspec.drafters import heads, registry, static_tree
 from jspec.drafters.medusa.checkpoint import (load_medusa, read_config, read_rank_accuracy,
@@ -47,7 +45,7 @@ def _build(opts: MedusaOptions, num_draft: int, target: Llama, draft_model=None)
     path, sha = opts.head, None
     if path is None:
       path, sha = heads.shipped_head("medusa", target.config)
-    dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
+    dtype = target.activation_dtype
     head = load_medusa(path, dtype=dtype, expected_sha256=sha)
   choices = opts.tree_choices
   if choices == "auto":

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
-from flax import nnx
 
 from jspec.drafters import eagle_tree, heads, registry
 from jspec.drafters.mtp.checkpoint import (load_checkpoint_mtp, load_mtp, read_config, save_mtp,
@@ -41,7 +39,7 @@ def _build(opts: MTPOptions, num_draft: int, target: Llama, draft_model=None):
   if isinstance(draft_model, MTPModule):
     module = draft_model
   else:
-    dtype = jax.tree_util.tree_leaves(nnx.state(target))[0].dtype
+    dtype = target.activation_dtype
     if opts.checkpoint is not None:
       module = load_checkpoint_mtp(opts.checkpoint, target.config, dtype=dtype)
     else:

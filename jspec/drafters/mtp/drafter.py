@@ -54,7 +54,7 @@ class MTPDrafter(Drafter):
     ids = module.draft_to_target[...]
     full = cfg.draft_vocab_size == cfg.vocab_size
     graphdef, state = nnx.split(module)
-    params = {"mtp": state, "embed": target.embed.embedding[...],
+    params = {"mtp": state, "embed": target.embed_table(),
               "norm": target.norm.scale[...], "head": target.head_rows(None if full else ids)}
     return cls(graphdef, num_draft, (target.config.num_layers,), sample,
                target.attention_impl, tree_top_k, tree_depth), params
