@@ -48,8 +48,7 @@ def _forward(graphdef, weights, tokens, taps_and_final):
   """[B, N] tokens -> bfloat16 [B, N, K+1, H]: the taps, then the final normed hidden state."""
   target = nnx.merge(graphdef, weights)
   b, n = tokens.shape
-  dtype = jax.tree_util.tree_leaves(weights)[0].dtype
-  out = target(tokens, KVCache.init(target.config, b, n, dtype=dtype),
+  out = target(tokens, KVCache.init(target.config, b, n, dtype=target.activation_dtype),
                logit_indices=jnp.zeros((b, 1), jnp.int32), taps=taps_and_final)
   hidden = list(out.hidden[:-1]) + [target.norm(out.hidden[-1])]
   return jnp.stack(hidden, axis=2).astype(jnp.bfloat16)

@@ -114,7 +114,8 @@ def test_llama_forward_same_as_xla(tie):
 
 
 def test_fallback_without_compiler(tmp_path):
-  """No compiler: one warning, XLA's dot, same numbers; impl='ffi' then says why it cannot."""
+  """No compiler: one warning, XLA's dot (and the dequantising reference for stored formats),
+  same numbers; impl='ffi' then says why it cannot."""
   code = """
 import warnings, jax.numpy as jnp, numpy as np
 from models import cpu_gemm
@@ -130,6 +131,10 @@ except cpu_gemm.CpuGemmBuildError as e:
   assert "compiler" in str(e), e
 else:
   raise AssertionError("impl='ffi' without a kernel must raise")
+from models.weight_formats import dequantize, quantize
+t = quantize(np.linspace(-1, 1, 64 * 3, dtype=np.float32).reshape(3, 64), "q4_1")
+xq = jnp.linspace(0, 1, 128).reshape(2, 64)
+assert np.allclose(cpu_gemm.qmatmul(xq, t), np.asarray(xq) @ np.asarray(dequantize(t)).T, atol=1e-5)
 print("ok")
 """
   env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"), JSPEC_CACHE=str(tmp_path))

@@ -89,3 +89,25 @@ def test_loader_choices_and_refusals(tmp_path, gguf_path):
     models.load(str(folder), weights="gguf")
   lm = models.load(gguf_path, weights="int8").model
   assert lm.layers[0].mlp.up_proj.fmt == "int8" and lm.embed.fmt == "int8"
+
+
+@pytest.mark.parametrize("cfg", [
+    {"method": "eagle3", "num_speculative_tokens": 5},
+    {"method": "layer_skip", "num_speculative_tokens": 1, "num_layers": 8},
+    {"method": "dflash", "num_speculative_tokens": 7},
+], ids=["eagle3", "layer_skip", "dflash"])
+def test_speculation_on_a_stored_target_is_greedy_identical(stored, cfg):
+  """Drafters that read the target's embedding and head rows (EAGLE-3, DFlash) or run its own
+  layers (layer-skip) on the stored target: the plain stored path's tokens, up to near-ties."""
+  from jspec import SpecDecoder
+  tok = stored.tokenizer
+  prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}])) for t in (
+      "Repeat this sentence twice: the quick brown fox jumps over the lazy dog.",
+      "Count from one to ten in words.", "Name the planets of the solar system.",
+      "Write one sentence about rain.")]
+  plain = Decoder(stored.model).generate(prompts, max_new_tokens=12, eos=False)
+  spec = SpecDecoder(stored.model, cfg, time_rounds=False).generate(prompts, max_new_tokens=12,
+                                                                    eos=False)
+  for want, got, gaps in zip(plain.token_ids, spec.token_ids, plain.margins):
+    upto = next((j for j, g in enumerate(gaps) if g < 1e-4), len(want))
+    assert got[:upto] == want[:upto]
