@@ -57,6 +57,7 @@ def cmd_generate(args) -> None:
     if args.plan and spec is not None:
       from jspec.costs import CostTable
       CostTable.load(args.plan, spec.method)
+      _check_plan_weights(args)
     mesh = None
     if args.mesh:
       from jspec.sharding import parse_mesh
@@ -175,6 +176,7 @@ def cmd_bench(args) -> None:
     if args.plan:
       from jspec.costs import CostTable
       CostTable.load(args.plan)
+      _check_plan_weights(args)
     prompts = prompt_suite.load(args.prompts)
     cats = args.categories.split(",") if args.categories else None
     prompts = prompt_suite.select(prompts, cats, args.per_category)
@@ -237,6 +239,7 @@ def cmd_plan(args) -> None:
                        context=contexts, drafter_options=options,
                        log=lambda m: print(m, file=sys.stderr, flush=True))
   report["command"] = "jspec plan " + " ".join(args.argv)
+  report["weights"] = args.weights
   failed = []
   if not cli_args.save_text(args, args.json, json.dumps(report, indent=2)):
     failed.append("the plan was not saved")
@@ -265,6 +268,19 @@ def _plan_text(report: dict) -> str:
     verdict = {True: "holds", False: "does not hold", None: "not testable here"}[g["holds"]]
     lines.append(f"- {g['name']}: {verdict}. {g['hint']}. Measured: {g['evidence']}")
   return "\n".join(lines)
+
+
+def _check_plan_weights(args) -> None:
+  """A plan's costs hold for the weight format it was measured with (a stored format changes
+  what a step and a verify cost): refuse another --weights."""
+  try:
+    with open(args.plan, encoding="utf-8") as f:
+      measured = json.load(f).get("weights", "f32")
+  except (OSError, ValueError, AttributeError):
+    return      # CostTable.load has checked the file
+  if measured != args.weights:
+    raise ValueError(f"--plan {args.plan} was measured with --weights {measured}; pass --weights "
+                     f"{measured}, or plan again with `jspec plan --weights {args.weights}`")
 
 
 def _plan_choice(args, batch_size: int):

@@ -128,6 +128,12 @@ def test_plan_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, tiny_loaded_fact
             "--plan", str(out)])
   record = json.loads(capsys.readouterr().out)
   assert record["drafter"] == ("none" if d == 0 else drafter.replace("_", "-"))
+  # the plan records its weight format; a run with another one is refused before any work
+  assert report["weights"] == "f32"
+  with pytest.raises(SystemExit) as e:
+    cli.main(["generate", "hello", "--raw", "--drafter", "ngram", "--num-draft", "auto",
+              "--plan", str(out), "--weights", "gguf"])
+  assert "was measured with --weights f32" in str(e.value.code)
 
 
 def test_validation_rows_by_hand():
