@@ -432,21 +432,41 @@ void q_nrange(const float* x, const QWeights& w, float* y, int64_t M, int64_t N,
 // block's scale multiplies the block's partial dot product, not its 32 weights:
 //   sum_k x_k (d q_k + m) = d sum_k x_k q_k + m sum_k x_k,
 // with sum_k x_k per block precomputed (sx) for the 4-bit formats (q4_0: m = -8 d).
+// f16 [n] -> f32 [n]
+inline void halves(const uint16_t* h, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(h + i))));
+  for (; i < n; ++i) out[i] = half_to_float(h[i]);
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  float s = _mm512_reduce_add_ps(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
 template <int R>
 void q_rows_direct(const QWeights& w, const float* x, const float* sx, float* y, int64_t N,
-                   int64_t n0, int64_t n1) {
+                   int64_t n0, int64_t n1, float* scratch) {
   const int64_t K = w.K, nb = K / QBLOCK;
   const __m512i low4 = _mm512_set1_epi32(15);
+  float* dfl = scratch;          // the row's scales, then its minima, as floats
+  float* mfl = scratch + nb;
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* q = w.q + n * w.row_bytes;
-    const uint16_t* dr = w.d + n * nb;
+    halves(w.d + n * nb, nb, dfl);
+    if (n + 1 < n1) __builtin_prefetch(w.d + (n + 1) * nb);
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     if (w.fmt == Q_Q8_0) {
       for (int64_t b = 0; b < nb; ++b) {
         __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * b))));
         __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * b + 16))));
-        __m512 d = _mm512_set1_ps(half_to_float(dr[b]));
+        __m512 d = _mm512_set1_ps(dfl[b]);
         for (int r = 0; r < R; ++r) {
           __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + r * K + 32 * b));
           t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * K + 32 * b + 16), t);
@@ -460,20 +480,22 @@ void q_rows_direct(const QWeights& w, const float* x, const float* sx, float* y,
       __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * b)));
       __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(v, low4));
       __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-      __m512 d = _mm512_set1_ps(half_to_float(dr[b]));
+      __m512 d = _mm512_set1_ps(dfl[b]);
       for (int r = 0; r < R; ++r) {
         __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + r * K + 32 * b));
         t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * K + 32 * b + 16), t);
         acc[r] = _mm512_fmadd_ps(t, d, acc[r]);
       }
     }
-    const uint16_t* mr = w.fmt == Q_Q4_1 ? w.m + n * nb : dr;
-    const float scale = w.fmt == Q_Q4_1 ? 1.f : -8.f;
-    for (int r = 0; r < R; ++r) {
-      float s = _mm512_reduce_add_ps(acc[r]), off = 0.f;
-      for (int64_t b = 0; b < nb; ++b) off += half_to_float(mr[b]) * sx[r * nb + b];
-      y[r * N + n] = s + scale * off;
+    float scale = -8.f;          // q4_0: the minimum is -8 d
+    const float* mins = dfl;
+    if (w.fmt == Q_Q4_1) {
+      halves(w.m + n * nb, nb, mfl);
+      scale = 1.f;
+      mins = mfl;
     }
+    for (int r = 0; r < R; ++r)
+      y[r * N + n] = _mm512_reduce_add_ps(acc[r]) + scale * dot(mins, sx + r * nb, nb);
   }
 }
 #endif
@@ -489,16 +511,16 @@ bool direct_ok(const QWeights& w, int64_t M) {
 }
 
 void q_nrange_direct(const float* x, const float* sx, const QWeights& w, float* y, int64_t M,
-                     int64_t N, int64_t n0, int64_t n1) {
+                     int64_t N, int64_t n0, int64_t n1, float* scratch) {
 #if defined(__AVX512F__)
   switch (M) {
-    case 1: q_rows_direct<1>(w, x, sx, y, N, n0, n1); break;
-    case 2: q_rows_direct<2>(w, x, sx, y, N, n0, n1); break;
-    case 3: q_rows_direct<3>(w, x, sx, y, N, n0, n1); break;
-    default: q_rows_direct<4>(w, x, sx, y, N, n0, n1); break;
+    case 1: q_rows_direct<1>(w, x, sx, y, N, n0, n1, scratch); break;
+    case 2: q_rows_direct<2>(w, x, sx, y, N, n0, n1, scratch); break;
+    case 3: q_rows_direct<3>(w, x, sx, y, N, n0, n1, scratch); break;
+    default: q_rows_direct<4>(w, x, sx, y, N, n0, n1, scratch); break;
   }
 #else
-  (void)x; (void)sx; (void)w; (void)y; (void)M; (void)N; (void)n0; (void)n1;
+  (void)x; (void)sx; (void)w; (void)y; (void)M; (void)N; (void)n0; (void)n1; (void)scratch;
 #endif
 }
 
@@ -516,10 +538,10 @@ struct QJob {
     std::unique_ptr<float[]> buf;
     for (int64_t c; (c = next.fetch_add(1, std::memory_order_relaxed)) < nchunks;) {
       int64_t lo = c * chunk, hi = std::min(N, lo + chunk);
+      if (!buf) buf.reset(new float[QC * w.K]);      // >= 2 K / 32 floats for the direct path
       if (direct) {
-        q_nrange_direct(x, sx.get(), w, y, M, N, lo, hi);
+        q_nrange_direct(x, sx.get(), w, y, M, N, lo, hi, buf.get());
       } else {
-        if (!buf) buf.reset(new float[QC * w.K]);
         q_nrange(x, w, y, M, N, lo, hi, buf.get());
       }
       done.fetch_add(1, std::memory_order_release);
