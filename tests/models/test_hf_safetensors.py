@@ -64,3 +64,33 @@ def test_safetensors_checkpoint_matches_transformers(kind, tmp_path):
     theirs = hf(torch.tensor(ids)).logits.numpy()
   ours = np.asarray(model(jnp.asarray(ids), KVCache.init(cfg, 2, 32)).logits)
   np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen2_moe"])
+def test_bf16_checkpoint_kept_as_stored(kind, tmp_path):
+  """A checkpoint saved in bf16 reads as bf16 (`stored_dtype`, what `--weights auto` keeps); its
+  dense layers held as bf16 `StoredLinear`s (biases, norms, router and experts float32) reproduce
+  transformers' logits from the same bf16 weights."""
+  torch.manual_seed(0)
+  hf = _make(kind).eval()
+  with torch.no_grad():
+    for p in hf.parameters():
+      p.add_(0.05 * torch.randn_like(p))
+  from models.hf_loader import load_hf_folder, stored_dtype
+  from models.stored_layers import StoredLinear
+  from models.weights import llama_from_hf_tensors
+  hf.save_pretrained(tmp_path / "f32")
+  assert stored_dtype(str(tmp_path / "f32")) == "f32"
+  hf = hf.to(torch.bfloat16)
+  hf.save_pretrained(tmp_path / "bf16")
+  assert stored_dtype(str(tmp_path / "bf16")) == "bf16"
+  cfg, tensors = load_hf_folder(str(tmp_path / "bf16"))
+  model = llama_from_hf_tensors(cfg, tensors, weight_format="bf16")
+  assert isinstance(model.layers[0].attn.q_proj, StoredLinear)
+  assert model.layers[0].attn.q_proj.fmt == "bf16" and model.layers[0].attn.q_proj.bias is not None
+  hf = hf.float()                      # the bf16 weights, computed in float32
+  ids = np.random.default_rng(1).integers(0, 96, size=(2, 19))
+  with torch.no_grad():
+    theirs = hf(torch.tensor(ids)).logits.numpy()
+  ours = np.asarray(model(jnp.asarray(ids), KVCache.init(cfg, 2, 32)).logits)
+  np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=1e-4)
