@@ -61,20 +61,29 @@ class LlamaCpp:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
     kw = dict(model_path=gguf, n_ctx=n_ctx, n_threads=os.cpu_count(), n_batch=512, verbose=False)
     self.plain = llama_cpp.Llama(**kw)
-    self.spec = llama_cpp.Llama(**kw, draft_model=LlamaPromptLookupDecoding(
+    # the drafter verifies with every position's logits: without logits_all the score buffer is
+    # sized for one batch and a prompt longer than n_batch overflows it (llama-cpp-python 0.3.36)
+    self.spec = llama_cpp.Llama(**kw, logits_all=True, draft_model=LlamaPromptLookupDecoding(
         num_pred_tokens=lookup))
     self.version = llama_cpp.__version__
+
+  def _argmax(self) -> int:
+    """The greedy token from the last evaluated position's logits."""
+    import llama_cpp
+    llm = self.plain
+    return int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits(llm.ctx),
+                                               shape=(llm.n_vocab(),))))
 
   def decode_plain(self, ids: list[int], n: int) -> tuple[list[int], float]:
     """(tokens, seconds of the n - 1 decode steps after the first token)."""
     llm = self.plain
     llm.reset()
     llm.eval(ids)
-    out = [int(np.argmax(llm.scores[llm.n_tokens - 1]))]
+    out = [self._argmax()]
     start = time.perf_counter()
     for _ in range(n - 1):
       llm.eval([out[-1]])
-      out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+      out.append(self._argmax())
     return out, time.perf_counter() - start
 
   def decode_spec(self, ids: list[int], n: int) -> tuple[list[int], float]:
@@ -146,14 +155,16 @@ def main(argv=None) -> None:
                     args.spec_draft)
   batches = {b: [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
              for b in ints(args.batch_sizes)}
+  # one prompt width for all: one program per (format, B, mode); chunked prefill and attention
+  # over the keys a row holds make the padding cost nothing (docs/models.md, long contexts)
+  pad = bucket(max(len(x) for x in prompts))
+  kw = dict(max_new_tokens=n, eos=False, pad_to=pad)
 
-  # warm-up: every program compiled once (prompt buckets differ, so each batch runs once)
+  # warm-up: every program compiled once
   for f in formats:
     for b, group in batches.items():
-      for batch in group:
-        plain[f].generate(batch, max_new_tokens=n, eos=False)
-    for x in {bucket(len(q)): q for q in prompts}.values():
-      spec[f].generate([x], max_new_tokens=n, eos=False)
+      plain[f].generate(group[0], **kw)
+    spec[f].generate(prompts[:1], **kw)
   if peer:
     peer.decode_plain(prompts[0], 4)
     peer.decode_spec(prompts[0], 4)
@@ -165,13 +176,13 @@ def main(argv=None) -> None:
   for b, group in batches.items():
     for batch in group:
       for f in formats:
-        out = plain[f].generate(batch, max_new_tokens=n, eos=False)
+        out = plain[f].generate(batch, **kw)
         time_s.setdefault((f, "plain", b), []).append(out.decode_s)
         tokens[(f, "plain", b)] = tokens.get((f, "plain", b), 0) + b * (n - 1)
         if b == 1:
           sd = spec[f]
           sd.reset_drafter()
-          o = sd.generate(batch, max_new_tokens=n, eos=False)
+          o = sd.generate(batch, **kw)
           time_s.setdefault((f, "ngram", 1), []).append(o.decode_s)
           tokens[(f, "ngram", 1)] = tokens.get((f, "ngram", 1), 0) + (n - 1)
           if f == "gguf" and peer:
@@ -227,6 +238,7 @@ def main(argv=None) -> None:
   report = dict(model=models.DEFAULT_MODEL, backend=jax.default_backend(),
                 device=str(jax.devices()[0]), jax_version=jax.__version__, cpus=os.cpu_count(),
                 prompts=len(prompts), per_category=args.per_category, max_new_tokens=n,
+                prompt_width=pad,
                 bandwidth_gb_s=round(bw / 1e9, 2),
                 formats={f: dict(weight_bytes=weight_bytes(loaded[f].model), **memory[f])
                          for f in formats},
