@@ -58,11 +58,12 @@ class StoredEmbed(_Stored):
     super().__init__(t)
     self.matmul_impl = matmul_impl
 
-  def __call__(self, ids: jax.Array) -> jax.Array:
+  def rows(self, ids: jax.Array | None = None) -> jax.Array:
+    """Rows `ids` [...] -> [..., H] (all rows when None), float32."""
     return dequantize(self.tensor(), rows=ids)
 
-  def rows(self, ids: jax.Array | None = None) -> jax.Array:
-    return dequantize(self.tensor(), rows=ids)
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    return self.rows(ids)
 
   def attend(self, x: jax.Array) -> jax.Array:
     return cpu_gemm.qmatmul(x, self.tensor(), impl=self.matmul_impl)
