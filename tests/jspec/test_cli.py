@@ -81,6 +81,23 @@ def test_overflowing_max_new_tokens(value, tiny_loaded, monkeypatch, prompts):
          "context of 512; lower --max-new-tokens to at most 494" in msg
 
 
+@pytest.mark.parametrize("command", [["generate", "hi", "--raw"], ["bench-decode"]])
+def test_weights_reach_the_loader(command, monkeypatch):
+  """--weights is passed to the loader (checked before any work); an unknown format is refused."""
+  seen = []
+
+  def load(name, weights="f32"):
+    seen.append(weights)
+    raise SystemExit("stop")
+  monkeypatch.setattr(cli_args, "load_model", load)
+  with pytest.raises(SystemExit):
+    cli.main(command + ["--weights", "int8"])
+  assert seen == ["int8"]
+  with pytest.raises(SystemExit) as e:
+    cli.main(command + ["--weights", "q4_k"])
+  assert e.value.code == 2 and seen == ["int8"]
+
+
 def test_model_file_not_found():
   assert "model file not found: 'missing.gguf'" in _exit_message(
       ["generate", "hi", "--model", "missing.gguf"])
