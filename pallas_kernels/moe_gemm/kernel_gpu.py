@@ -4,7 +4,6 @@ GPU via Pallas' Triton lowering, CPU with interpret=True; the wrappers check the
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -14,59 +13,15 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-# Opt-in shared memory per thread block on sm90 (H100/H200); Ampere A100 has 163 KiB.
-SMEM_BYTES = 227 * 1024
+from pallas_kernels.triton_tiling import Tiling, pad_to_multiple
+
 KERNEL_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tiling:
-  """Block sizes and Triton launch parameters. Blocks: powers of two, >= 16 (tl.dot's minimum)."""
-  block_m: int = 128
-  block_n: int = 128
-  block_k: int = 64
-  num_warps: int = 4
-  num_stages: int = 3
-
-  def check(self, itemsize: int, tile_elems: int) -> None:
-    """Raises ValueError for a tiling the Triton lowering would reject or that overflows SMEM.
-
-    tile_elems: elements of the two operand tiles loaded per pipeline stage.
-    """
-    for name in ("block_m", "block_n", "block_k"):
-      b = getattr(self, name)
-      if b < 16 or b & (b - 1):
-        raise ValueError(f"Tiling.{name}={b}: GPU blocks must be powers of two >= 16 "
-                         "(Triton needs power-of-two tiles; tl.dot needs >= 16).")
-    if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
-      raise ValueError(f"Tiling.num_warps={self.num_warps} must be a power of two.")
-    if self.num_stages < 1:
-      raise ValueError(f"Tiling.num_stages={self.num_stages} must be >= 1.")
-    smem = self.num_stages * tile_elems * itemsize
-    if smem > SMEM_BYTES:
-      raise ValueError(f"{self} needs {smem // 1024} KiB of shared memory (num_stages x operand "
-                       f"tiles), over the {SMEM_BYTES // 1024} KiB budget: lower num_stages or "
-                       "a block size.")
-
-  def fit_stages(self, itemsize: int, tile_elems: int) -> Tiling:
-    """This tiling with num_stages lowered (to >= 1) until tiles of tile_elems fit in SMEM."""
-    stages = max(1, min(self.num_stages, SMEM_BYTES // (tile_elems * itemsize)))
-    return dataclasses.replace(self, num_stages=stages)
 
 
 def default_tiling(m: int, k: int, n: int) -> Tiling:
   """128x128x64 tiles, shrunk (to powers of two >= 16) for problems smaller than one tile."""
   fit = lambda size, cap: min(cap, max(16, 1 << (size - 1).bit_length()))
   return Tiling(block_m=fit(m, 128), block_n=fit(n, 128), block_k=fit(k, 64))
-
-
-def _pad(x: jax.Array, axis: int, multiple: int) -> jax.Array:
-  extra = -x.shape[axis] % multiple
-  if extra == 0:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, extra)
-  return jnp.pad(x, widths)
 
 
 def _precision(dtype):
@@ -155,12 +110,12 @@ def _gmm_call(lhs, rhs, group_sizes, tiling: Tiling, interpret: bool, transpose_
   m = lhs.shape[0]
   e = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-  lhs_p = _pad(_pad(lhs, 0, bm), 1, bk)                                           # [Mp, Kp]
+  lhs_p = pad_to_multiple(pad_to_multiple(lhs, 0, bm), 1, bk)                                           # [Mp, Kp]
   if transpose_rhs:
-    rhs_p = _pad(_pad(rhs, 1, bn), 2, bk)                                         # [E, Np, Kp]
+    rhs_p = pad_to_multiple(pad_to_multiple(rhs, 1, bn), 2, bk)                                         # [E, Np, Kp]
     rhs_spec = pl.BlockSpec((e, bn, rhs_p.shape[2]), lambda v, j: (0, j, 0))
   else:
-    rhs_p = _pad(_pad(rhs, 1, bk), 2, bn)                                         # [E, Kp, Np]
+    rhs_p = pad_to_multiple(pad_to_multiple(rhs, 1, bk), 2, bn)                                         # [E, Kp, Np]
     rhs_spec = pl.BlockSpec((e, rhs_p.shape[1], bn), lambda v, j: (0, 0, j))
   mp, kp = lhs_p.shape
   np_ = n + (-n % bn)
@@ -211,8 +166,8 @@ def _tgmm_call(lhs, grad, group_sizes, tiling: Tiling, interpret: bool):
   tiling.check(lhs.dtype.itemsize, bm * bk + bm * bn)
   (m, k), n = lhs.shape, grad.shape[1]
   e = group_sizes.shape[0]
-  lhs_p = _pad(_pad(lhs, 0, bm), 1, bk)                                           # [Mp, Kp]
-  grad_p = _pad(_pad(grad, 0, bm), 1, bn)                                         # [Mp, Np]
+  lhs_p = pad_to_multiple(pad_to_multiple(lhs, 0, bm), 1, bk)                                           # [Mp, Kp]
+  grad_p = pad_to_multiple(pad_to_multiple(grad, 0, bm), 1, bn)                                         # [Mp, Np]
   (mp, kp), np_ = lhs_p.shape, grad_p.shape[1]
   bounds = jnp.stack(group_bounds(group_sizes, m))                                # [2, E]
   out = pl.pallas_call(

@@ -5,7 +5,6 @@ via Pallas' Triton lowering, CPU with interpret=True (the tests)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -14,30 +13,11 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-
-@dataclasses.dataclass(frozen=True)
-class Tiling:
-  """Powers of two >= 16 (tl.dot's minimum); bm small: decode and verify have few rows."""
-  block_m: int = 16
-  block_n: int = 64
-  block_k: int = 64
-  num_warps: int = 4
-  num_stages: int = 3
-
-  def check(self) -> None:
-    for name in ("block_m", "block_n", "block_k"):
-      b = getattr(self, name)
-      if b < 16 or b & (b - 1):
-        raise ValueError(f"Tiling.{name}={b}: blocks must be powers of two >= 16")
+from pallas_kernels.triton_tiling import Tiling, pad_to_multiple
 
 
-def _pad(x: jax.Array, axis: int, multiple: int) -> jax.Array:
-  extra = -x.shape[axis] % multiple
-  if not extra:
-    return x
-  widths = [(0, 0)] * x.ndim
-  widths[axis] = (0, extra)
-  return jnp.pad(x, widths)
+# few rows (decode and verify)
+DEFAULT_TILING = Tiling(block_m=16, block_n=64, block_k=64)
 
 
 def _kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, k_tiles: int, precision):
@@ -54,7 +34,7 @@ def _kernel(x_ref, q_ref, s_ref, o_ref, *, block_k: int, k_tiles: int, precision
 
 
 def weight_matmul(x: jax.Array, q: jax.Array, scale: jax.Array | None = None, *,
-                  tiling: Tiling = Tiling(), interpret: bool = False) -> jax.Array:
+                  tiling: Tiling = DEFAULT_TILING, interpret: bool = False) -> jax.Array:
   """x [M, K] (float32 / bfloat16), q [N, K] int8 with scale [N], or bf16 without -> [M, N] f32."""
   if q.dtype == jnp.int8:
     if scale is None or scale.shape != (q.shape[0],):
@@ -68,12 +48,12 @@ def weight_matmul(x: jax.Array, q: jax.Array, scale: jax.Array | None = None, *,
     raise ValueError(f"weight_matmul reads int8 or bfloat16 weights, got {q.dtype}")
   if x.ndim != 2 or q.ndim != 2 or x.shape[1] != q.shape[1]:
     raise ValueError(f"x [M, K] and q [N, K] must share K, got {x.shape} and {q.shape}")
-  tiling.check()
   bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
+  tiling.check(max(x.dtype.itemsize, q.dtype.itemsize), bm * bk + bn * bk)
   m, n = x.shape[0], q.shape[0]
-  x_p = _pad(_pad(x, 0, bm), 1, bk)
-  q_p = _pad(_pad(q, 0, bn), 1, bk)
-  s_p = _pad(scale.astype(jnp.float32), 0, bn)
+  x_p = pad_to_multiple(pad_to_multiple(x, 0, bm), 1, bk)
+  q_p = pad_to_multiple(pad_to_multiple(q, 0, bn), 1, bk)
+  s_p = pad_to_multiple(scale.astype(jnp.float32), 0, bn)
   mp, kp = x_p.shape
   np_ = q_p.shape[0]
   precision = lax.Precision.HIGHEST if x.dtype == jnp.float32 else lax.Precision.DEFAULT
