@@ -261,8 +261,9 @@ ffi::Error MatmulNT(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
 // Formats (QFormat below, the same codes as models.weight_formats.CODES): bf16 (q: bf16 bits
 // [N, K]); int8 (q: int8 [N, K], d: f32 [N], one scale per row); and GGUF's 32-weight blocks along
 // K: q8_0 (q: int8 [N, K], d: f16 [N, K/32], w = d q), q4_0 (q: nibbles [N, K/2], w = d (q - 8)),
-// q4_1 (+ m: f16 [N, K/32], w = d q + m). In a 4-bit block of 16 bytes, byte j holds weight j in its
-// low nibble and weight j + 16 in its high nibble (GGUF's order). Four rows of w are dequantised at
+// q4_1 (+ m: f16 [N, K/32], w = d q + m). In a 4-bit block of 16 bytes, byte j holds weight j in
+// its low nibble and weight j + 16 in its high nibble (GGUF's order). At most 4 rows of x (AVX-512,
+// block formats): the direct path below, in registers. Otherwise four rows of w are dequantised at
 // a time into an L1 buffer (the weights are read once, from memory, as stored) and the M rows of x
 // are multiplied against that buffer with nt_block, so a verify block reads the weights once too.
 
@@ -301,7 +302,8 @@ inline void i8_16(const uint8_t* p, float d, float* out) {
   _mm512_storeu_ps(out, _mm512_mul_ps(v, _mm512_set1_ps(d)));
 #elif defined(__AVX2__)
   for (int h = 0; h < 2; ++h) {
-    __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(p + 8 * h))));
+    __m128i b = _mm_loadl_epi64((const __m128i*)(p + 8 * h));
+    __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
     _mm256_storeu_ps(out + 8 * h, _mm256_mul_ps(v, _mm256_set1_ps(d)));
   }
 #else
@@ -315,7 +317,8 @@ inline void bf16_16(const uint16_t* p, float* out) {
   _mm512_storeu_ps(out, _mm512_castsi512_ps(v));
 #elif defined(__AVX2__)
   for (int h = 0; h < 2; ++h) {
-    __m256i v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)(p + 8 * h))), 16);
+    __m128i b = _mm_loadu_si128((const __m128i*)(p + 8 * h));
+    __m256i v = _mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16);
     _mm256_storeu_ps(out + 8 * h, _mm256_castsi256_ps(v));
   }
 #else
@@ -368,7 +371,8 @@ void dequant_row(const QWeights& w, int64_t n, float* out) {
   const uint8_t* q = w.q + n * w.row_bytes;
   switch (w.fmt) {
     case Q_BF16:
-      for (int64_t k = 0; k < K; k += 16) bf16_16(reinterpret_cast<const uint16_t*>(q) + k, out + k);
+      for (int64_t k = 0; k < K; k += 16)
+        bf16_16(reinterpret_cast<const uint16_t*>(q) + k, out + k);
       break;
     case Q_INT8:
       for (int64_t k = 0; k < K; k += 16) i8_16(q + k, w.dq[n], out + k);
@@ -443,7 +447,8 @@ inline void halves(const uint16_t* h, int64_t n, float* out) {
 inline float dot(const float* a, const float* b, int64_t n) {
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  for (; i + 16 <= n; i += 16)
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
   float s = _mm512_reduce_add_ps(acc);
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
@@ -464,8 +469,9 @@ void q_rows_direct(const QWeights& w, const float* x, const float* sx, float* y,
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     if (w.fmt == Q_Q8_0) {
       for (int64_t b = 0; b < nb; ++b) {
-        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * b))));
-        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 32 * b + 16))));
+        const __m128i* p = (const __m128i*)(q + 32 * b);
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p)));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p + 1)));
         __m512 d = _mm512_set1_ps(dfl[b]);
         for (int r = 0; r < R; ++r) {
           __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(x + r * K + 32 * b));
@@ -565,7 +571,8 @@ ffi::Error QMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer
              static_cast<int64_t>(q.size_bytes()) / std::max<int64_t>(1, N)};
   bool blocks = fmt == Q_Q8_0 || fmt == Q_Q4_0 || fmt == Q_Q4_1;
   int64_t want = fmt == Q_BF16 ? 2 * K : (fmt == Q_Q4_0 || fmt == Q_Q4_1) ? K / 2 : K;
-  if (fmt < Q_BF16 || fmt > Q_Q4_1) return ffi::Error::InvalidArgument("cpu_gemm q: unknown format");
+  if (fmt < Q_BF16 || fmt > Q_Q4_1)
+    return ffi::Error::InvalidArgument("cpu_gemm q: unknown format");
   if (K % (blocks ? QBLOCK : 16) != 0 || w.row_bytes != want)
     return ffi::Error::InvalidArgument("cpu_gemm q: K does not fit the format's blocks");
   float* out = y->typed_data();

@@ -110,12 +110,12 @@ def _gmm_call(lhs, rhs, group_sizes, tiling: Tiling, interpret: bool, transpose_
   m = lhs.shape[0]
   e = rhs.shape[0]
   n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-  lhs_p = pad_to_multiple(pad_to_multiple(lhs, 0, bm), 1, bk)                                           # [Mp, Kp]
+  lhs_p = pad_to_multiple(pad_to_multiple(lhs, 0, bm), 1, bk)  # [Mp, Kp]
   if transpose_rhs:
-    rhs_p = pad_to_multiple(pad_to_multiple(rhs, 1, bn), 2, bk)                                         # [E, Np, Kp]
+    rhs_p = pad_to_multiple(pad_to_multiple(rhs, 1, bn), 2, bk)  # [E, Np, Kp]
     rhs_spec = pl.BlockSpec((e, bn, rhs_p.shape[2]), lambda v, j: (0, j, 0))
   else:
-    rhs_p = pad_to_multiple(pad_to_multiple(rhs, 1, bk), 2, bn)                                         # [E, Kp, Np]
+    rhs_p = pad_to_multiple(pad_to_multiple(rhs, 1, bk), 2, bn)  # [E, Kp, Np]
     rhs_spec = pl.BlockSpec((e, rhs_p.shape[1], bn), lambda v, j: (0, 0, j))
   mp, kp = lhs_p.shape
   np_ = n + (-n % bn)
@@ -166,8 +166,8 @@ def _tgmm_call(lhs, grad, group_sizes, tiling: Tiling, interpret: bool):
   tiling.check(lhs.dtype.itemsize, bm * bk + bm * bn)
   (m, k), n = lhs.shape, grad.shape[1]
   e = group_sizes.shape[0]
-  lhs_p = pad_to_multiple(pad_to_multiple(lhs, 0, bm), 1, bk)                                           # [Mp, Kp]
-  grad_p = pad_to_multiple(pad_to_multiple(grad, 0, bm), 1, bn)                                         # [Mp, Np]
+  lhs_p = pad_to_multiple(pad_to_multiple(lhs, 0, bm), 1, bk)  # [Mp, Kp]
+  grad_p = pad_to_multiple(pad_to_multiple(grad, 0, bm), 1, bn)  # [Mp, Np]
   (mp, kp), np_ = lhs_p.shape, grad_p.shape[1]
   bounds = jnp.stack(group_bounds(group_sizes, m))                                # [2, E]
   out = pl.pallas_call(

@@ -28,7 +28,7 @@ def tiny_loaded(tiny_loaded_factory):
 
 @pytest.fixture
 def no_load(monkeypatch):
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def test_bad_values_fail_before_the_model_loads(argv, message, no_load, prompts)
 @pytest.mark.parametrize("value", ["2147483647", "10000000000"])
 def test_overflowing_max_new_tokens(value, tiny_loaded, monkeypatch, prompts):
   """Compared as Python ints (no int32 wrap, no OverflowError), before any compilation."""
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": tiny_loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: tiny_loaded)
   msg = _exit_message(["generate", "hi", "--raw", "--max-new-tokens", value])
   assert f"prompt 0 (2 tokens) + max_new_tokens ({value}) exceeds the model's context of 512; " \
          "lower max_new_tokens to at most 510" in msg
@@ -154,7 +154,7 @@ FAKE_REPORT = dict(schema="jspec.bench/1", results=[])
 
 @pytest.fixture
 def fake_bench(tiny_loaded, monkeypatch):
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": tiny_loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: tiny_loaded)
   monkeypatch.setattr(speedup, "run", lambda *a, **k: dict(FAKE_REPORT))
 
 
@@ -184,7 +184,7 @@ def test_full_disk_at_the_end_keeps_the_older_report_and_saves_the_new_one_elsew
 def test_interrupt_in_process(tmp_path, monkeypatch, capsys, tiny_loaded, prompts):
   def run(*a, **k):
     raise KeyboardInterrupt
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": tiny_loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: tiny_loaded)
   monkeypatch.setattr(speedup, "run", run)
   (tmp_path / "r.json").write_text("older report")
   with pytest.raises(SystemExit) as e:
@@ -311,7 +311,7 @@ def test_generate_times_warm_runs_and_the_suffix_cache_starts_empty(tiny_loaded,
   """With a drafter, each decoder runs once untimed before its timed run, and the timed run's
   suffix drafter has forgotten the warm-up's reply: its acceptance is a fresh decoder's."""
   from jspec.spec_decode import SpecDecoder
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": tiny_loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: tiny_loaded)
   real, calls = SpecDecoder.generate, []
   monkeypatch.setattr(SpecDecoder, "generate",
                       lambda self, *a, **k: calls.append(1) or real(self, *a, **k))

@@ -81,7 +81,7 @@ def _prompt_file(tmp_path, n=3):
 ])
 def test_plan_bad_input_fails_before_the_model_loads(argv, message, tmp_path, monkeypatch):
   from jspec import cli, cli_args
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
   base = ["plan", "--json", str(tmp_path / "p.json"), "--calibration", _prompt_file(tmp_path)]
   with pytest.raises(SystemExit) as e:
     cli.main(base + argv)
@@ -96,7 +96,7 @@ def test_plan_end_to_end_on_a_tiny_model(tmp_path, monkeypatch, tiny_loaded_fact
   from jspec import cli, cli_args
   from jspec.spec_decode import SpecDecoder
   loaded = tiny_loaded_factory(0)
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: loaded)
   out, png = tmp_path / "plan.json", tmp_path / "pareto.png"
   cli.main(["plan", "--json", str(out), "--plot", str(png), "--drafters", "ngram",
             "--batch-sizes", "1,2", "--num-draft", "3", "--calibration", _prompt_file(tmp_path),
@@ -173,7 +173,7 @@ def test_validation_rows_by_hand():
 @pytest.mark.parametrize("command", ["generate", "bench"])
 def test_unreadable_plan_fails_before_the_model_loads(command, tmp_path, monkeypatch):
   from jspec import cli, cli_args
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
   bad = tmp_path / "plan.json"
   bad.write_text("[1, 2]")
   argv = (["generate", "hi", "--drafter", "ngram"] if command == "generate" else

@@ -174,7 +174,7 @@ def test_cli_prediction_file_turns_it_on(tiny, tiny_loaded_factory, tmp_path, mo
   loaded.model = tiny
   loaded.tokenizer.decode = lambda ids, skip_special_tokens=False: "".join(
       chr(32 + i % 90) for i in ids)             # the CLI prints text
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: loaded)
   path = tmp_path / "pred.txt"
   path.write_text("say it again, say it again", encoding="utf-8")
   cli.main(["generate", "say it again", "--prediction", str(path), "--max-new-tokens", "12",
@@ -193,7 +193,7 @@ def test_cli_prediction_file_turns_it_on(tiny, tiny_loaded_factory, tmp_path, mo
 def test_cli_bad_prediction_fails_before_the_model_loads(argv, message, tmp_path, monkeypatch,
                                                          capsys):
   from jspec import cli, cli_args
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
   (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
   (tmp_path / "p.txt").write_text("x = 1", encoding="utf-8")
   argv = [a.format(empty=tmp_path / "empty.txt", file=tmp_path / "p.txt") for a in argv]

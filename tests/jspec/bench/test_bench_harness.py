@@ -121,7 +121,7 @@ def test_markdown_and_plots(report, tmp_path):
 def test_cli_rejects_bad_input_before_loading(argv, message, tmp_path, monkeypatch):
   f = tmp_path / "p.jsonl"
   f.write_text(json.dumps(dict(id="a", category="x", prompt="p")) + "\n")
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
   with pytest.raises(SystemExit) as e:
     cli.main(["bench", "--prompts", str(f)] + argv)
   assert message in str(e.value)
@@ -130,7 +130,7 @@ def test_cli_rejects_bad_input_before_loading(argv, message, tmp_path, monkeypat
 def test_cli_names_the_bad_line(tmp_path, monkeypatch):
   f = tmp_path / "p.jsonl"
   f.write_text(json.dumps(dict(id="a", category="x", prompt="p")) + "\n{oops\n")
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
   with pytest.raises(SystemExit) as e:
     cli.main(["bench", "--prompts", str(f)])
   assert f"{f}:2: not valid JSON" in str(e.value)
@@ -171,7 +171,7 @@ def test_auto_draft_length_records(loaded, tmp_path):
 
 def test_cli_auto_beside_fixed_lengths_builds_every_config(tmp_path, monkeypatch, loaded):
   seen = {}
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: loaded)
   monkeypatch.setattr(speedup, "run", lambda *a, **k: seen.update(k) or {"results": []})
   monkeypatch.setattr(speedup, "markdown", lambda report: "")
   f = tmp_path / "p.jsonl"
@@ -186,7 +186,7 @@ def test_drafter_variants(tmp_path, monkeypatch, loaded):
       "eagle3", {"tree_top_k": 3, "tree_depth": 4, "head": "/x"})
   assert speedup.spec_config("ngram:prompt_lookup_max=2", 3).options.prompt_lookup_max == 2
   seen = {}
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": loaded)
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: loaded)
   monkeypatch.setattr(speedup, "run", lambda *a, **k: seen.update(k) or {"results": []})
   monkeypatch.setattr(speedup, "markdown", lambda report: "")
   f = tmp_path / "p.jsonl"

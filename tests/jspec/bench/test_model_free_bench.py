@@ -62,7 +62,7 @@ def test_prediction_case_uses_code_blocks(loaded):
 ])
 def test_cli_rejects_bad_input_before_loading(argv, message, tmp_path, monkeypatch, capsys):
   from jspec import cli_args
-  monkeypatch.setattr(cli_args, "load_model", lambda name, weights="f32": pytest.fail("loaded a model"))
+  monkeypatch.setattr(cli_args, "load_model", lambda name, *_: pytest.fail("loaded a model"))
   path = tmp_path / "p.jsonl"
   path.write_text("\n".join(json.dumps(dict(id=p.id, category=p.category,
                                             messages=list(p.messages))) for p in PROMPTS))
