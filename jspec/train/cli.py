@@ -11,6 +11,8 @@ import sys
 
 import numpy as np
 
+DEFAULT_EAGLE3_VOCAB = 8192
+
 
 def _ints(text: str | None, flag: str) -> tuple[int, ...] | None:
   if text is None:
@@ -70,14 +72,16 @@ def _positive(args, *flags: str) -> None:
       raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
 
 
-def _train(args, weights: str, validate, make_task, prepare_features, save) -> None:
+def _train(args, weights: str, validate, make_task, prepare_features, save,
+           draft_ids=None) -> None:
   """The shared shape of `jspec train eagle3 | medusa | mtp`: cheap checks first (settings, data,
   a writable export), then the draft vocabulary, the method's Task, its feature cache, training
   with checkpoints (resumed by running the same command), and the export.
 
   validate() raises ValueError for the method's own flags; make_task(target, ids) -> Task;
   prepare_features(target, folder, cfg, task) fills the feature cache; save(module, folder, dtype,
-  verifier) -> {file: sha256}."""
+  verifier) -> {file: sha256}; draft_ids: the draft vocabulary of a head training starts from
+  (else it is chosen from the data)."""
   import jax.numpy as jnp
 
   import models
@@ -112,11 +116,14 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
     counts = token_counts(args.data, v)
     everywhere = token_counts(args.data, v, replies_only=False)
     check = token_counts(args.data, v, part="check")      # a tenth of the sequences, held out
-    size = args.draft_vocab
-    if args.vocab_coverage is not None:   # sized on the other nine tenths, measured on this one
-      size, _ = eagle3.size_for_coverage(rank("fit"), check, args.vocab_coverage)
-    fit_ids = eagle3.draft_vocab(rank("fit"), size)
-    ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, size)
+    if draft_ids is not None:
+      fit_ids = ids = np.asarray(draft_ids)
+    else:
+      size = args.draft_vocab
+      if args.vocab_coverage is not None:   # sized on the other nine tenths, measured on this one
+        size, _ = eagle3.size_for_coverage(rank("fit"), check, args.vocab_coverage)
+      fit_ids = eagle3.draft_vocab(rank("fit"), size)
+      ids = eagle3.draft_vocab(counts * (everywhere.sum() + 1) + everywhere, size)
     task = make_task(target, ids)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
@@ -143,21 +150,45 @@ def _train(args, weights: str, validate, make_task, prepare_features, save) -> N
 
 def cmd_eagle3(args) -> None:
   from jspec.drafters import heads
+  from jspec.drafters.eagle3 import attach_target_rows
   from jspec.drafters.eagle3 import checkpoint as speculators_format
   from jspec.train import eagle3
   from jspec.train.features import cache_features
+
+  init = None
+  if args.init is not None:   # the head fixes taps, vocabulary and LM head: no flag may differ
+    try:
+      given = [f for f, v in (("--taps", args.taps), ("--draft-vocab", args.draft_vocab),
+                              ("--vocab-coverage", args.vocab_coverage)) if v is not None]
+      if given:
+        raise ValueError(f"--init takes the taps and draft vocabulary from the head; drop "
+                         f"{', '.join(given)}")
+      init = speculators_format.load_eagle3(args.init)
+      if args.lm_head != init.config.lm_head:
+        raise ValueError(f"--init head {args.init} has lm_head={init.config.lm_head!r}; pass "
+                         f"--lm-head {init.config.lm_head} or drop --init")
+    except (ValueError, OSError) as e:
+      sys.exit(f"jspec: {e}")
+  elif args.draft_vocab is None:
+    args.draft_vocab = DEFAULT_EAGLE3_VOCAB
+
+  def task(target, ids):
+    if init is None:
+      return eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
+                                ttt_steps=args.ttt_steps, decay=args.decay, seed=args.seed,
+                                lm_head=args.lm_head)
+    init.config.check_target(target.config)
+    attach_target_rows(init, target)
+    return eagle3.eagle3_task(target, ids, ttt_steps=args.ttt_steps, decay=args.decay, head=init)
 
   def prepare(target, folder, cfg, task):
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
                    batch_size=cfg.batch_size, progress=not args.no_progress)
 
-  _train(args, heads.WEIGHTS, lambda: _positive(args, "ttt_steps"),
-         lambda target, ids: eagle3.eagle3_task(target, ids, taps=_ints(args.taps, "--taps"),
-                                                ttt_steps=args.ttt_steps, decay=args.decay,
-                                                seed=args.seed, lm_head=args.lm_head),
-         prepare,
+  _train(args, heads.WEIGHTS, lambda: _positive(args, "ttt_steps"), task, prepare,
          lambda head, folder, dtype, verifier: speculators_format.save_eagle3(
-             head, folder, dtype=dtype, num_draft=args.ttt_steps, verifier=verifier))
+             head, folder, dtype=dtype, num_draft=args.ttt_steps, verifier=verifier),
+         draft_ids=None if init is None else np.asarray(init.draft_to_target[...]))
 
 
 def cmd_replay(args) -> None:
@@ -450,7 +481,8 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--warmup", type=int, default=100)
   e.add_argument("--ttt-steps", type=int, default=3)
   e.add_argument("--decay", type=float, default=0.8, help="loss weight decay per TTT step")
-  e.add_argument("--draft-vocab", type=int, default=8192)
+  e.add_argument("--draft-vocab", type=int, default=None,
+                 help=f"draft vocabulary size (default {DEFAULT_EAGLE3_VOCAB})")
   e.add_argument("--vocab-coverage", type=float, default=None,
                  help="size the draft vocabulary (a multiple of 256) to hold this share of "
                       "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
@@ -459,6 +491,10 @@ def add_parser(sub, default_model: str) -> None:
                       "target's LM-head rows of the draft vocabulary (frozen, not saved: a large "
                       "draft vocabulary costs no checkpoint bytes)")
   e.add_argument("--taps", default=None, help="target layers, e.g. 2,15,27 (default 2,L//2,L-3)")
+  e.add_argument("--init", default=None,
+                 help="start from this EAGLE-3 head folder (its taps, draft vocabulary and "
+                      "weights; the optimiser and schedule start afresh), e.g. to train an "
+                      "exported head further")
   e.add_argument("--save-every", type=int, default=100)
   e.add_argument("--keep", type=int, default=3)
   e.add_argument("--eval-every", type=int, default=200)

@@ -328,3 +328,59 @@ def test_replay_cli_errors_name_the_problem(tmp_path, argv, message):
   with pytest.raises(SystemExit) as e:
     main(["train", "replay"] + [x for kv in base.items() for x in kv])
   assert message in str(e.value)
+
+
+def _cli_train(target, data, monkeypatch, *argv):
+  """`jspec train eagle3` on the tiny target (the loader returns it)."""
+  import types
+
+  import models
+  from jspec.cli import main
+  monkeypatch.setattr(models, "load", lambda name, **k: types.SimpleNamespace(model=target,
+                                                                              name="tiny"))
+  main(["train", "eagle3", "--data", data, "--batch-size", "8", "--seq-len", "64", "--lr", "3e-3",
+        "--warmup", "5", "--save-every", "20", "--eval-every", "20", "--holdout", "8",
+        "--no-progress", "--dtype", "fp32", *argv])
+
+
+def _log(folder):
+  with open(os.path.join(folder, "train_log.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_init_continues_from_an_exported_head(target, data_dir, tmp_path, monkeypatch):
+  """`--init HEAD` starts from the head's weights and vocabulary: the continued run's first loss
+  is a trained head's, not a fresh one's, and its export keeps the head's vocabulary."""
+  data, _ = data_dir
+  first = str(tmp_path / "a")
+  _cli_train(target, data, monkeypatch, "--out", first, "--steps", "40", "--draft-vocab", "48")
+  then = str(tmp_path / "b")
+  _cli_train(target, data, monkeypatch, "--out", then, "--steps", "6", "--init", first + "/head")
+  a, b = _log(first), _log(then)
+  assert a[-1]["loss"] < a[0]["loss"] - 1.0, (a[0]["loss"], a[-1]["loss"])
+  assert b[0]["loss"] < (a[0]["loss"] + a[-1]["loss"]) / 2, (a[0]["loss"], a[-1]["loss"], b[0])
+  vocab = lambda f: np.asarray(sf.load_eagle3(f).draft_to_target[...])
+  np.testing.assert_array_equal(vocab(then + "/head"), vocab(first + "/head"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--taps", "0,1,2"], "--init takes the taps and draft vocabulary from the head; drop --taps"),
+    (["--draft-vocab", "32"], "drop --draft-vocab"),
+    (["--lm-head", "target"], "has lm_head='own'; pass --lm-head own"),
+])
+def test_init_refuses_flags_the_head_fixes(target, data_dir, saved_head, tmp_path, monkeypatch,
+                                           argv, message):
+  data, _ = data_dir
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "2",
+               "--init", saved_head[1], *argv)
+  assert message in str(e.value)
+  assert not os.path.exists(tmp_path / "c")        # refused before anything was written
+
+
+def test_init_from_a_missing_head_names_it(target, data_dir, tmp_path, monkeypatch):
+  data, _ = data_dir
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
+               "--init", str(tmp_path / "nothing"))
+  assert str(tmp_path / "nothing") in str(e.value)
