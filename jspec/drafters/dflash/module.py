@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters.shared import DraftVocab
+from models import cpu_gemm
 from models.config import LlamaConfig
 from models.llama import Block, RMSNorm, rope
 
@@ -130,7 +131,7 @@ class DFlashModule(nnx.Module):
     h = cfg.hidden_size
     self.config = cfg
     self.fc = nnx.Linear(len(cfg.taps) * h, h, use_bias=False, param_dtype=dtype, dtype=dtype,
-                         rngs=rngs)
+                         rngs=rngs, dot_general=cpu_gemm.DotGeneral())
     self.hidden_norm = RMSNorm(h, cfg.rms_eps, dtype=dtype)
     lcfg = cfg.layer_config()
     self.layers = nnx.List([Block(lcfg, dtype=dtype, rngs=rngs) for _ in range(cfg.num_layers)])

@@ -111,7 +111,8 @@ class Eagle3Head(nnx.Module):
   def __init__(self, cfg: Eagle3Config, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     h, nq, nkv, dh = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs)
+    lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs,
+                                  dot_general=cpu_gemm.DotGeneral())   # drafts: one weight pass
     self.config = cfg
     self.fc = lin(len(cfg.taps) * h, h)
     self.input_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)     # on the token embedding

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jspec.drafters.shared import AttendFn, DraftVocab
+from models import cpu_gemm
 from models.config import LlamaConfig
 from models.llama import Block, RMSNorm, rope
 
@@ -99,7 +100,7 @@ class MTPModule(nnx.Module):
     self.enorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)       # on the embedding of t_{i+k}
     self.hnorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)       # on the previous hidden
     self.eh_proj = nnx.Linear(2 * h, h, use_bias=False, param_dtype=dtype, dtype=dtype,
-                              rngs=rngs)
+                              rngs=rngs, dot_general=cpu_gemm.DotGeneral())
     self.block = Block(cfg.layer_config(), dtype=dtype, rngs=rngs)
     if cfg.own_head_norm:
       self.head_norm = RMSNorm(h, cfg.rms_eps, dtype=dtype)
