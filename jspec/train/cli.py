@@ -129,8 +129,10 @@ def _train(args, weights: str, validate, make_task, prepare_features, save,
     sys.exit(f"jspec: {e}")
   coverage = counts[ids].sum() / max(counts.sum(), 1)
   heldout_coverage = check[fit_ids].sum() / max(check.sum(), 1)
+  how = ("the head's, chosen from its own data" if draft_ids is not None else
+         f"{heldout_coverage:.1%} of held-out replies when chosen without them")
   print(f"jspec: draft vocabulary {len(ids)} tokens covers {coverage:.1%} of reply tokens "
-        f"({heldout_coverage:.1%} of held-out replies when chosen without them)", file=sys.stderr)
+        f"({how})", file=sys.stderr)
   features = args.features or (os.path.join(args.out, "features") if args.cache_features else None)
   try:
     if features is not None:
@@ -142,6 +144,8 @@ def _train(args, weights: str, validate, make_task, prepare_features, save,
   dtype = {"bf16": jnp.bfloat16, "fp32": jnp.float32}[args.dtype]
   sums = save(task.module(task.params), export, dtype, loaded.name)
   last_eval = next((r["eval"] for r in reversed(history) if r.get("eval")), None)
+  if draft_ids is not None:   # the head's vocabulary was not chosen on part of this data
+    heldout_coverage = None
   print(json.dumps(dict(head=os.path.abspath(export), sha256=sums, steps_run=len(history),
                         draft_vocab=len(ids), draft_vocab_coverage=coverage,
                         draft_vocab_heldout_coverage=heldout_coverage,

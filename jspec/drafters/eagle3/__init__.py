@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 
 from jspec.drafters import eagle_tree, heads, registry
 from jspec.drafters.eagle3.checkpoint import load_eagle3, read_config, save_eagle3
 from jspec.drafters.eagle3.drafter import Eagle3Drafter, Eagle3State
 from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head, attach_target_rows
+from models.hf_loader import stored_dtype
 from models.llama import Llama
+from models.stored_layers import store_weights
 
 __all__ = ["LM_HEADS", "Eagle3Config", "Eagle3Drafter", "Eagle3Head", "Eagle3Options",
            "Eagle3State", "attach_target_rows", "load_eagle3", "read_config", "save_eagle3"]
@@ -28,6 +32,13 @@ class Eagle3Options:
     eagle_tree.check_options(self.tree_top_k, self.tree_depth)
 
 
+def keep_stored_bf16(folder: str, dtype) -> bool:
+  """A head folder stored in bf16, loaded for float32 drafting on CPU: its linear layers can keep
+  the bf16 values as stored (read by `cpu_gemm.qmatmul`; the same values, half the bytes)."""
+  return (jax.default_backend() == "cpu" and jnp.dtype(dtype) == jnp.float32
+          and stored_dtype(folder) == "bf16")
+
+
 def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None):
   if isinstance(draft_model, Eagle3Head):
     head = draft_model
@@ -37,6 +48,8 @@ def _build(opts: Eagle3Options, num_draft: int, target: Llama, draft_model=None)
       path, sha = heads.shipped_head("eagle3", target.config)
     dtype = target.activation_dtype
     head = load_eagle3(path, dtype=dtype, expected_sha256=sha)
+    if keep_stored_bf16(path, dtype):   # the file's bf16 as stored: half the bytes per draft step
+      store_weights(head, fmt="bf16")
   return Eagle3Drafter.from_head(head, target, num_draft, sample=opts.draft_sampling,
                                  tree_top_k=opts.tree_top_k, tree_depth=opts.tree_depth)
 

@@ -69,8 +69,7 @@ class Eagle3Drafter(Drafter):
   def init_state(self, params, prompt: jax.Array, ctx: Context, max_len: int) -> Eagle3State:
     head = nnx.merge(self.graphdef, params["head"])
     b, p = prompt.shape
-    dtype = head.fc.kernel[...].dtype
-    cache = KVCache.init(head.config.layer_config(), b, max_len, dtype=dtype)
+    cache = KVCache.init(head.config.layer_config(), b, max_len, dtype=head.dtype)
     next_tokens = ctx.tokens[:, 1:p + 1]           # the token after each prompt position
     cache, feature, logits = self._catch_up(head, params["embed"], cache, ctx.target_hidden,
                                             next_tokens, jnp.zeros((b,), jnp.int32),

@@ -114,6 +114,7 @@ class Eagle3Head(nnx.Module):
     lin = lambda i, o: nnx.Linear(i, o, use_bias=False, param_dtype=dtype, dtype=dtype, rngs=rngs,
                                   dot_general=cpu_gemm.DotGeneral())   # drafts: one weight pass
     self.config = cfg
+    self.dtype = jnp.dtype(dtype)     # activations and cache (weights may be kept as stored)
     self.fc = lin(len(cfg.taps) * h, h)
     self.input_layernorm = RMSNorm(h, cfg.rms_eps, dtype=dtype)     # on the token embedding
     self.hidden_norm = RMSNorm(h, cfg.rms_eps, dtype=dtype)         # on the feature
@@ -130,7 +131,7 @@ class Eagle3Head(nnx.Module):
 
   def fuse(self, taps: tuple[jax.Array, ...]) -> jax.Array:
     """Target taps, each [B, T, H] -> the fused feature g [B, T, H]."""
-    return self.fc(jnp.concatenate([t.astype(self.fc.kernel[...].dtype) for t in taps], axis=-1))
+    return self.fc(jnp.concatenate([t.astype(self.dtype) for t in taps], axis=-1))
 
   def layer(self, feature: jax.Array, emb: jax.Array, positions: jax.Array,
             attend: AttendFn) -> tuple[jax.Array, Any]:

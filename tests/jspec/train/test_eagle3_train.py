@@ -384,3 +384,33 @@ def test_init_from_a_missing_head_names_it(target, data_dir, tmp_path, monkeypat
     _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
                "--init", str(tmp_path / "nothing"))
   assert str(tmp_path / "nothing") in str(e.value)
+
+
+def test_a_bf16_head_keeps_its_weights_as_stored_and_drafts_the_same(target, tmp_path):
+  """A head saved in bf16 drafts (on CPU, float32 activations) from its bf16 weights as stored:
+  the same values as the float32 load, half the bytes; outputs stay the target's."""
+  from jspec.drafters.eagle3 import keep_stored_bf16
+  from models.stored_layers import StoredLinear, store_weights, weight_bytes
+  folder = str(tmp_path / "bf16")
+  sf.save_eagle3(eagle3.init_head(target, np.arange(3, 60, 2), seed=4), folder,
+                 dtype=jnp.bfloat16, verifier="tiny")
+  assert keep_stored_bf16(folder, jnp.float32) and not keep_stored_bf16(folder, jnp.bfloat16)
+  floats = sf.load_eagle3(folder)
+  stored = store_weights(sf.load_eagle3(folder), fmt="bf16")
+  assert isinstance(stored.lm_head, StoredLinear) and isinstance(stored.mlp.up_proj, StoredLinear)
+  assert weight_bytes(stored) < 0.6 * weight_bytes(floats)
+  rng = np.random.default_rng(0)
+  taps = tuple(jnp.asarray(rng.normal(size=(2, 5, CFG.hidden_size)), jnp.float32) for _ in range(3))
+  emb = jnp.asarray(rng.normal(size=(2, 5, CFG.hidden_size)), jnp.float32)
+  pos = jnp.broadcast_to(jnp.arange(5), (2, 5))
+  attend = lambda q, k, v: (jnp.repeat(v, q.shape[2] // v.shape[2], axis=2), None)
+  outs = [h.draft_logits(h.layer(h.fuse(taps), emb, pos, attend)[0]) for h in (floats, stored)]
+  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+  spec = SpecDecoder(target, {"method": "eagle3", "num_speculative_tokens": 3, "head": folder})
+  prompts = _prompts(3, 5)
+  spec.generate(_prompts(3, 6), max_new_tokens=40, eos=False)
+  with count_compiles() as c:
+    out = spec.generate(prompts, max_new_tokens=40, eos=False)
+  assert c.count == 0
+  assert out.token_ids == Decoder(target).generate(prompts, max_new_tokens=40,
+                                                   eos=False).token_ids
