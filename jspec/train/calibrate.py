@@ -19,6 +19,7 @@ import numpy as np
 from jspec.confidence import fit_temperatures
 from jspec.drafters.dflash import checkpoint as dflash_format
 from jspec.drafters.dspark import save_calibration
+from jspec.drafters.medusa import attach_target_rows
 from jspec.drafters.medusa import checkpoint as medusa_format
 from jspec.train.dflash import block_loss
 from jspec.train.medusa import final_hidden, rank_accuracy
@@ -91,6 +92,7 @@ def calibrate_medusa(target: Llama, folder: str, data: Replies, *, ranks: int = 
   if not (isinstance(ranks, int) and ranks >= 1):
     raise ValueError(f"ranks must be an integer >= 1, got {ranks!r}")
   head = medusa_format.load_medusa(folder)
+  attach_target_rows(head, target)
   if ranks > head.config.draft_vocab_size:
     raise ValueError(f"ranks ({ranks}) exceeds the head's draft vocabulary "
                      f"({head.config.draft_vocab_size})")

@@ -289,7 +289,7 @@ def cmd_medusa(args) -> None:
   _train(args, heads.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"),
          lambda target, ids: medusa.medusa_task(target, ids, num_heads=args.num_heads,
                                                 num_layers=args.num_layers, decay=args.decay,
-                                                seed=args.seed),
+                                                seed=args.seed, lm_head=args.lm_head),
          lambda target, folder, cfg, task: medusa.ensure_features(
              target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
@@ -535,6 +535,10 @@ def add_parser(sub, default_model: str) -> None:
   m.add_argument("--vocab-coverage", type=float, default=None,
                  help="size the draft vocabulary (a multiple of 256) to hold this share of "
                       "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
+  m.add_argument("--lm-head", choices=["own", "target"], default="own",
+                 help="own: each head trains and saves its LM head; target: the heads share the "
+                      "target's LM-head rows of the draft vocabulary (frozen, not saved: a large "
+                      "draft vocabulary costs no checkpoint bytes)")
   m.add_argument("--save-every", type=int, default=100)
   m.add_argument("--keep", type=int, default=3)
   m.add_argument("--eval-every", type=int, default=200)

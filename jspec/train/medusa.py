@@ -15,24 +15,27 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jspec.drafters.medusa import MedusaConfig, MedusaHead
+from jspec.drafters.medusa import MedusaConfig, MedusaHead, attach_target_rows
 from jspec.train.shared import digest, shift, take_at
 from models.kv_cache import KVCache
 from models.llama import Llama
 
 
 def init_head(target: Llama, ids: np.ndarray, *, num_heads: int = 4, num_layers: int = 1,
-              seed: int = 0, dtype=jnp.float32) -> MedusaHead:
+              seed: int = 0, dtype=jnp.float32, lm_head: str = "own") -> MedusaHead:
   """Fresh heads for `target` over draft vocabulary `ids`: ResBlocks at identity and every LM head
-  the target's own rows of the draft vocabulary, so each head starts as the target's next-token
-  prediction."""
+  the target's own rows of the draft vocabulary (trainable copies, or with lm_head="target" the
+  rows themselves, frozen), so each head starts as the target's next-token prediction."""
   cfg = MedusaConfig.for_target(target.config, draft_vocab_size=len(ids), num_heads=num_heads,
-                                num_layers=num_layers)
+                                num_layers=num_layers, lm_head=lm_head)
   head = MedusaHead(cfg, dtype=dtype, rngs=nnx.Rngs(seed))
   ids = jnp.asarray(ids, jnp.int32)
   head.draft_to_target[...] = ids
-  rows = target.head_rows(ids).T.astype(dtype)                                 # [H, Vd]
-  head.lm_head[...] = jnp.broadcast_to(rows, head.lm_head[...].shape)
+  if lm_head == "own":
+    rows = target.head_rows(ids).T.astype(dtype)                               # [H, Vd]
+    head.lm_head[...] = jnp.broadcast_to(rows, head.lm_head[...].shape)
+  else:
+    attach_target_rows(head, target)
   return head
 
 
@@ -89,13 +92,15 @@ def medusa_loss(head: MedusaHead, hidden: jax.Array, tokens: jax.Array, loss_mas
 
 
 def medusa_task(target: Llama, draft_ids: np.ndarray, *, num_heads: int = 4, num_layers: int = 1,
-                decay: float = 0.8, seed: int = 0, head: MedusaHead | None = None):
+                decay: float = 0.8, seed: int = 0, head: MedusaHead | None = None,
+                lm_head: str = "own"):
   """The Medusa `Task` for jspec.train.trainer: trainable = the heads' Params; aux = the frozen
-  target and the heads' draft vocabulary."""
+  target and the heads' draft vocabulary (and the target's LM-head rows, lm_head="target")."""
   from jspec.train.trainer import Task
 
   head = head if head is not None else init_head(target, draft_ids, num_heads=num_heads,
-                                                 num_layers=num_layers, seed=seed)
+                                                 num_layers=num_layers, seed=seed,
+                                                 lm_head=lm_head)
   graphdef, params, rest = nnx.split(head, nnx.Param, ...)
   tgraph, tweights = nnx.split(target)
 

@@ -113,6 +113,17 @@ def medusa_head(target):
 
 
 @pytest.fixture(scope="module")
+def medusa_shared_head(target):
+  """Random tiny Medusa ResBlocks over the target's own LM-head rows (lm_head="target")."""
+  from jspec.train.medusa import init_head
+  head = init_head(target, np.asarray([0, 2, 3, 4, 5, 7]), num_heads=2, lm_head="target")
+  rng = np.random.default_rng(5)
+  for var in (head.res_kernel, head.res_bias):
+    var[...] = jnp.asarray(rng.normal(0, 1.0, var[...].shape), jnp.float32)
+  return head
+
+
+@pytest.fixture(scope="module")
 def mtp_module():
   """A random tiny MTP module (drafts through the target's own head, recursively for D = 2)."""
   from jspec.drafters.mtp import MTPConfig, MTPModule
@@ -136,10 +147,12 @@ def block_modules(target):
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3",
                                     "eagle3-shared", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
-                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree", "mtp",
+                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree",
+                                    "medusa-shared", "mtp",
                                     "dflash", "dspark-schedule"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
-                                                     eagle3_shared_head, medusa_head, mtp_module,
+                                                     eagle3_shared_head, medusa_head,
+                                                     medusa_shared_head, mtp_module,
                                                      block_modules, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head,
@@ -147,6 +160,9 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   if method == "eagle3-shared":  # drafting with the target's LM-head rows
     method = cfg["method"] = "eagle3"
     drafts["eagle3"] = eagle3_shared_head
+  if method == "medusa-shared":  # Medusa ResBlocks over the target's LM-head rows
+    method = cfg["method"] = "medusa"
+    drafts["medusa"] = medusa_shared_head
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
     target = moe_target

@@ -254,3 +254,49 @@ def test_tree_choice_errors(target, saved):
   sd = SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 3, "head": folder,
                             "tree_choices": "auto"})
   assert sd.drafter.tree_depth == (1, 1, 2) and sd.drafter.tree_rank == (0, 1, 0)
+
+
+def test_heads_sharing_the_targets_lm_head_save_no_lm_head_and_draft_the_same(target, tmp_path):
+  """lm_head="target": the heads project through the target's own LM-head rows of the draft
+  vocabulary (shared, frozen); the folder stores none of them, and a loaded head, given its rows by
+  the drafter, drafts exactly as the head it was saved from (and decodes as plain decoding does)."""
+  head = init_head(target, IDS, num_heads=3, num_layers=1, lm_head="target")
+  rng = np.random.default_rng(11)
+  for var in (head.res_kernel, head.res_bias):
+    var[...] = jnp.asarray(rng.normal(0, 0.3, var[...].shape), jnp.float32)
+  assert not any("lm_head" in "/".join(map(str, p)) for p, _ in
+                 nnx.to_flat_state(nnx.state(head, nnx.Param)))     # the rows are not trained
+  x = jax.random.normal(jax.random.key(3), (5, CFG.hidden_size))
+  w, b = (np.asarray(v[...], np.float64) for v in (head.res_kernel, head.res_bias))
+  rows = np.asarray(target.head_rows(jnp.asarray(IDS)), np.float64)             # [Vd, H]
+  silu = lambda z: z / (1 + np.exp(-z))
+  for k in range(3):
+    y = np.asarray(x, np.float64)
+    y = y + silu(y @ w[k, 0] + b[k, 0])
+    np.testing.assert_allclose(head(x)[:, k], y @ rows.T, rtol=1e-4, atol=1e-4)
+
+  folder = str(tmp_path / "shared")
+  medusa_format.save_medusa(head, folder, dtype=jnp.float32, verifier="tiny")
+  from safetensors.numpy import load_file
+  names = set(load_file(os.path.join(folder, "model.safetensors")))
+  assert not [n for n in names if n.startswith("medusa_head.") and n.endswith(".1.weight")]
+  assert json.load(open(os.path.join(folder, "config.json")))["jspec_lm_head"] == "target"
+  loaded = medusa_format.load_medusa(folder)
+  assert loaded.config == head.config
+  hidden = (jax.random.normal(jax.random.key(8), (4, 1, CFG.hidden_size)),)
+  ctx = Context(tokens=None, length=None, prompt_len=jnp.ones((4,), jnp.int32),
+                sampling=SamplingParams.make(4), target_hidden=hidden)
+  outs = []
+  for h in (head, loaded):
+    drafter, params = MedusaDrafter.from_head(h, target, 3, sample=False)
+    state = drafter.init_state(params, None, ctx, 8)
+    outs.append((drafter.propose(params, state, ctx, None)[0].tokens,
+                 drafter.topk(params, state, 4)[0]))
+  np.testing.assert_array_equal(outs[0][0], outs[1][0])
+  np.testing.assert_array_equal(outs[0][1], outs[1][1])
+  prompts = _prompts(9, [5, 10])
+  plain = Decoder(target).generate(prompts, max_new_tokens=16, eos=False).token_ids
+  spec = SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 3, "head": folder})
+  assert spec.generate(prompts, max_new_tokens=16, eos=False).token_ids == plain
+  with pytest.raises(ValueError, match="lm_head must be one of"):
+    MedusaConfig(hidden_size=8, vocab_size=16, draft_vocab_size=4, lm_head="tied")

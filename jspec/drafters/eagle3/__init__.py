@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from jspec.drafters import eagle_tree, heads, registry
 from jspec.drafters.eagle3.checkpoint import load_eagle3, read_config, save_eagle3
 from jspec.drafters.eagle3.drafter import Eagle3Drafter, Eagle3State
-from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head, attach_target_rows
+from jspec.drafters.eagle3.module import Eagle3Config, Eagle3Head, attach_target_rows
+from jspec.drafters.shared import LM_HEADS
 from models.hf_loader import stored_dtype
 from models.llama import Llama
 from models.stored_layers import store_weights

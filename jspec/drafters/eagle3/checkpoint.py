@@ -17,7 +17,8 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from jspec.drafters.eagle3.module import LM_HEADS, Eagle3Config, Eagle3Head
+from jspec.drafters.eagle3.module import Eagle3Config, Eagle3Head
+from jspec.drafters.shared import LM_HEADS
 from jspec.drafters.heads import (CONFIG, WEIGHTS, HeadLoadError, fill, read_d2t, read_weights,
                                   write_head_files)
 from jspec.io import check_writable

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jspec.drafters.shared import AttendFn, DraftVocab
+from jspec.drafters.shared import LM_HEADS, AttendFn, DraftVocab, TargetLMHead
 from models import cpu_gemm
 from models.config import LlamaConfig
 from models.llama import MLP, Llama, RMSNorm, rope
@@ -85,24 +85,6 @@ class Eagle3Config:
                          "layers: the head was trained for another model")
 
 
-LM_HEADS = ("own", "target")
-
-
-class TargetRows(nnx.Variable):
-  """The target's LM-head rows of the draft vocabulary [Vd, H] (not trained, not saved)."""
-
-
-class TargetLMHead(nnx.Module):
-  """Draft logits from the target's own LM-head rows, filled by `attach_target_rows`."""
-
-  def __init__(self, draft_vocab_size: int, hidden_size: int, dtype):
-    self.rows = TargetRows(jnp.zeros((draft_vocab_size, hidden_size), dtype))
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    rows = self.rows[...]     # [Vd, H]: one pass over the rows on CPU (an einsum read them slower)
-    return cpu_gemm.matmul(x.astype(rows.dtype), rows, transpose_w=True)
-
-
 class Eagle3Head(nnx.Module):
   """fc over the concatenated taps, one decoder layer over [norm(embed(token)); norm(feature)],
   its own final norm and a draft-vocabulary LM head. The target's embedding is passed in, never
@@ -167,5 +149,4 @@ def attach_target_rows(head: Eagle3Head, target: Llama) -> None:
   """Fills a `lm_head="target"` head's rows from the target (after its draft vocabulary is set);
   a no-op for a head with its own LM head."""
   if head.config.lm_head == "target":
-    rows = head.lm_head.rows
-    rows[...] = target.head_rows(head.draft_to_target[...]).astype(rows[...].dtype)
+    head.lm_head.fill(target, head.draft_to_target[...])

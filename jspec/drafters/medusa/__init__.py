@@ -11,11 +11,11 @@ from jspec.drafters import heads, registry, static_tree
 from jspec.drafters.medusa.checkpoint import (load_medusa, read_config, read_rank_accuracy,
                                               save_medusa, save_rank_accuracy)
 from jspec.drafters.medusa.drafter import MedusaDrafter, MedusaState
-from jspec.drafters.medusa.module import MedusaConfig, MedusaHead, final_norm
+from jspec.drafters.medusa.module import MedusaConfig, MedusaHead, attach_target_rows, final_norm
 from models.llama import Llama
 
 __all__ = ["MedusaConfig", "MedusaDrafter", "MedusaHead", "MedusaOptions", "MedusaState",
-           "final_norm", "load_medusa", "read_config", "read_rank_accuracy", "save_medusa",
+           "attach_target_rows", "final_norm", "load_medusa", "read_config", "read_rank_accuracy", "save_medusa",
            "save_rank_accuracy"]
 
 

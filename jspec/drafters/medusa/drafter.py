@@ -11,7 +11,7 @@ from flax import nnx
 
 from jspec.drafters import static_tree
 from jspec.drafters.base import Context, Draft, Drafter, draft_token
-from jspec.drafters.medusa.module import MedusaHead, final_norm
+from jspec.drafters.medusa.module import MedusaHead, attach_target_rows, final_norm
 from models.llama import Llama
 
 
@@ -46,6 +46,7 @@ class MedusaDrafter(Drafter):
     num_draft nodes, or None for a chain."""
     cfg = head.config
     cfg.check_target(target.config)
+    attach_target_rows(head, target)
     if tree_choices is not None:
       parent, depth, rank = static_tree.tree_arrays(tree_choices)
       if len(parent) != num_draft:

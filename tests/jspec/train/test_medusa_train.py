@@ -74,10 +74,14 @@ def _config(**kw):
   return trainer.TrainConfig(**base)
 
 
-def test_training_lowers_loss_and_the_heads_accept(target, data_dir, tmp_path):
+@pytest.mark.parametrize("lm_head", ["own", "target"])
+def test_training_lowers_loss_and_the_heads_accept(target, data_dir, tmp_path, lm_head):
   data, prompts = data_dir
-  task = medusa.medusa_task(target, IDS, num_heads=3)
+  task = medusa.medusa_task(target, IDS, num_heads=3, lm_head=lm_head)
   history = trainer.train(task, data, str(tmp_path / "run"), _config(lr=1e-2), progress=False)
+  if lm_head == "target":      # the shared rows stay the target's: only the ResBlocks train
+    trained = task.module(task.params)
+    np.testing.assert_array_equal(trained.lm_head.rows[...], target.head_rows(jnp.asarray(IDS)))
   first, last = np.mean([r["loss"] for r in history[:5]]), np.mean([r["loss"] for r in history[-5:]])
   assert last < first - 1.0, (first, last)
   held = history[-1]["eval"]
@@ -85,9 +89,11 @@ def test_training_lowers_loss_and_the_heads_accept(target, data_dir, tmp_path):
   spec = lambda head: SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 3},
                                   draft_model=head)
   out = spec(task.module(task.params)).generate(prompts[:8], max_new_tokens=32, eos=False)
-  base = spec(medusa.init_head(target, IDS, num_heads=3)).generate(prompts[:8], max_new_tokens=32,
-                                                                   eos=False)
-  assert out.acceptance_length > 1.5 and out.acceptance_length > base.acceptance_length + 0.3, \
+  base = spec(medusa.init_head(target, IDS, num_heads=3, lm_head=lm_head)).generate(
+      prompts[:8], max_new_tokens=32, eos=False)
+  # frozen shared rows leave the tiny heads less to learn with (ResBlocks only)
+  floor, gain = (1.5, 0.3) if lm_head == "own" else (1.4, 0.15)
+  assert out.acceptance_length > floor and out.acceptance_length > base.acceptance_length + gain, \
       (out.acceptance_length, base.acceptance_length)
   assert out.token_ids == Decoder(target).generate(prompts[:8], max_new_tokens=32,
                                                    eos=False).token_ids
