@@ -285,12 +285,13 @@ def cmd_medusa(args) -> None:
   from jspec.drafters import heads
   from jspec.drafters.medusa import checkpoint as medusa_format
   from jspec.train import medusa
+  from jspec.train.features import last_slot_features
 
   _train(args, heads.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"),
          lambda target, ids: medusa.medusa_task(target, ids, num_heads=args.num_heads,
                                                 num_layers=args.num_layers, decay=args.decay,
                                                 seed=args.seed, lm_head=args.lm_head),
-         lambda target, folder, cfg, task: medusa.ensure_features(
+         lambda target, folder, cfg, task: last_slot_features(
              target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
          lambda head, folder, dtype, verifier: medusa_format.save_medusa(
@@ -301,6 +302,7 @@ def cmd_mtp(args) -> None:
   from jspec.drafters import heads
   from jspec.drafters.mtp import checkpoint as mtp_format
   from jspec.train import mtp
+  from jspec.train.features import last_slot_features
 
   def validate():
     _positive(args, "mtp_steps")
@@ -310,7 +312,7 @@ def cmd_mtp(args) -> None:
   _train(args, heads.WEIGHTS, validate,
          lambda target, ids: mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta,
                                           seed=args.seed),
-         lambda target, folder, cfg, task: mtp.ensure_features(
+         lambda target, folder, cfg, task: last_slot_features(
              target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
          lambda module, folder, dtype, verifier: mtp_format.save_mtp(

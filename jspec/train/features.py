@@ -105,6 +105,23 @@ def cache_features(target, data_dir: str, folder: str, *, taps: tuple[int, ...],
   return path
 
 
+def last_slot_features(target, data_dir: str, folder: str, *, batch_size: int = 8,
+                       progress: bool = True) -> str:
+  """The feature cache a head that reads only the last slot (the final normed hidden state:
+  Medusa, MTP) needs: an existing cache in `folder` is reused (finished if incomplete) whatever
+  taps it holds, e.g. an EAGLE-3 run's; otherwise, where the data captured taps while generating
+  (`jspec train data --taps`), those are copied (no forward pass); else the final hidden state
+  alone is computed."""
+  mpath = _meta_path(folder)
+  if os.path.isfile(mpath):
+    with open(mpath) as f:
+      taps = tuple(json.load(f)["taps"])
+  else:
+    taps = tuple(read_manifest(data_dir).get("config", {}).get("taps") or ())
+  return cache_features(target, data_dir, folder, taps=taps, batch_size=batch_size,
+                        progress=progress)
+
+
 def _copy_captured(data_dir, source, spans, arr, done, meta, mpath, progress) -> None:
   """Fills the cache from the features `regenerate(taps=...)` captured while generating (the
   same taps): a copy of each sequence's rows, no forward pass."""

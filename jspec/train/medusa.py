@@ -120,25 +120,6 @@ def medusa_task(target: Llama, draft_ids: np.ndarray, *, num_heads: int = 4, num
   return task
 
 
-def ensure_features(target: Llama, data_dir: str, folder: str, *, batch_size: int = 8,
-                    progress: bool = True) -> str:
-  """The feature cache Medusa reads (only its last slot, the final normed hidden state): an
-  existing cache in `folder` is reused (finished if incomplete) whatever taps it holds, e.g. an
-  EAGLE-3 run's; otherwise one with no taps is computed there."""
-  import json
-  import os
-
-  from jspec.train.features import cache_features
-
-  taps = ()
-  meta = os.path.join(folder, "features.json")
-  if os.path.isfile(meta):
-    with open(meta) as f:
-      taps = tuple(json.load(f)["taps"])
-  return cache_features(target, data_dir, folder, taps=taps, batch_size=batch_size,
-                        progress=progress)
-
-
 def rank_accuracy(head: MedusaHead, hidden: jax.Array, tokens: jax.Array, reply: jax.Array,
                   ranks: int) -> np.ndarray:
   """How often each head's rank-r candidate is the token that follows, [K, ranks], for choosing a

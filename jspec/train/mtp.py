@@ -160,22 +160,3 @@ def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: floa
   task = Task(name="mtp", params=params, aux=(tweights, rest), loss=loss, meta=meta)
   task.module = lambda p: nnx.merge(graphdef, p, rest)
   return task
-
-
-def ensure_features(target: Llama, data_dir: str, folder: str, *, batch_size: int = 8,
-                    progress: bool = True) -> str:
-  """The feature cache MTP reads (only its last slot, the final normed hidden state): an existing
-  cache in `folder` is reused (finished if incomplete) whatever taps it holds, e.g. an EAGLE-3
-  run's; otherwise one with no taps is computed there."""
-  import json
-  import os
-
-  from jspec.train.features import cache_features
-
-  taps = ()
-  meta = os.path.join(folder, "features.json")
-  if os.path.isfile(meta):
-    with open(meta) as f:
-      taps = tuple(json.load(f)["taps"])
-  return cache_features(target, data_dir, folder, taps=taps, batch_size=batch_size,
-                        progress=progress)

@@ -279,6 +279,14 @@ def test_captured_features_equal_a_second_pass(tiny, tok, tmp_path):
       assert open(os.path.join(plain, name), "rb").read() == \
           open(os.path.join(out, name), "rb").read()
   copied = features.cache_features(tiny, out, str(tmp_path / "fa"), taps=taps, progress=False)
+  # a last-slot reader (Medusa, MTP) with no cache yet copies the captured taps: no forward pass
+  real_forward = features._forward
+  features._forward = None
+  try:
+    last = features.last_slot_features(tiny, out, str(tmp_path / "fl"), progress=False)
+  finally:
+    features._forward = real_forward
+  assert open(last, "rb").read() == open(copied, "rb").read()
   os.remove(os.path.join(out, shards.MANIFEST))  # the same data without the capture's record
   m["config"]["taps"] = []
   shards.write_json(os.path.join(out, shards.MANIFEST), m)

@@ -125,7 +125,7 @@ def test_feature_cache_last_slot_serves(target, data_dir, tmp_path):
   folder = str(tmp_path / "feats")
   features.cache_features(target, data, folder, taps=(1, 2), batch_size=16,
                           progress=False)
-  medusa.ensure_features(target, data, folder, progress=False)   # reused, no error
+  features.last_slot_features(target, data, folder, progress=False)   # reused, no error
   cached = features.FeatureShards(data, 64, folder)
   for i in (0, 23):
     item = TokenShards(data, 64)[i]
@@ -134,7 +134,7 @@ def test_feature_cache_last_slot_serves(target, data_dir, tmp_path):
     got = medusa.final_hidden(target, None, jnp.asarray(cached[i]["feats"][None, :n]))
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2 * float(jnp.abs(want).max()))
   fresh = str(tmp_path / "fresh")                      # no cache yet: the final hidden only
-  medusa.ensure_features(target, data, fresh, progress=False)
+  features.last_slot_features(target, data, fresh, progress=False)
   item = features.FeatureShards(data, 64, fresh)[23]
   assert item["feats"].shape == (64, 1, CFG.hidden_size)
   np.testing.assert_array_equal(item["feats"][:, 0], cached[23]["feats"][:, -1])
