@@ -107,6 +107,21 @@ def test_topk_is_each_heads_best_in_target_ids(target):
     drafter.topk(params, state, 31)
 
 
+def _assert_same_drafts(target, head, other, *, num_draft, k, seed):
+  """Both heads' greedy drafts and top-k candidates over random hidden states are equal."""
+  hidden = (jax.random.normal(jax.random.key(seed), (4, 1, CFG.hidden_size)),)
+  ctx = Context(tokens=None, length=None, prompt_len=jnp.ones((4,), jnp.int32),
+                sampling=SamplingParams.make(4), target_hidden=hidden)
+  outs = []
+  for h in (head, other):
+    drafter, params = MedusaDrafter.from_head(h, target, num_draft, sample=False)
+    state = drafter.init_state(params, None, ctx, 8)
+    outs.append((drafter.propose(params, state, ctx, None)[0].tokens,
+                 drafter.topk(params, state, k)[0]))
+  np.testing.assert_array_equal(outs[0][0], outs[1][0])
+  np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
 @pytest.fixture
 def saved(target, tmp_path):
   head = _random_head(target, num_layers=1)
@@ -145,17 +160,7 @@ def test_export_round_trips_in_bf16(target, saved):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   # the same drafts (and top-k) as the bf16-rounded heads
   nnx.update(head, rounded)
-  hidden = (jax.random.normal(jax.random.key(7), (4, 1, CFG.hidden_size)),)
-  ctx = Context(tokens=None, length=None, prompt_len=jnp.ones((4,), jnp.int32),
-                sampling=SamplingParams.make(4), target_hidden=hidden)
-  outs = []
-  for h in (head, loaded):
-    drafter, params = MedusaDrafter.from_head(h, target, 4, sample=False)
-    state = drafter.init_state(params, None, ctx, 8)
-    outs.append((drafter.propose(params, state, ctx, None)[0].tokens,
-                 drafter.topk(params, state, 3)[0]))
-  np.testing.assert_array_equal(outs[0][0], outs[1][0])
-  np.testing.assert_array_equal(outs[0][1], outs[1][1])
+  _assert_same_drafts(target, head, loaded, num_draft=4, k=3, seed=7)
 
 
 def _corrupt(folder, how):
@@ -283,17 +288,7 @@ def test_heads_sharing_the_targets_lm_head_save_no_lm_head_and_draft_the_same(ta
   assert json.load(open(os.path.join(folder, "config.json")))["jspec_lm_head"] == "target"
   loaded = medusa_format.load_medusa(folder)
   assert loaded.config == head.config
-  hidden = (jax.random.normal(jax.random.key(8), (4, 1, CFG.hidden_size)),)
-  ctx = Context(tokens=None, length=None, prompt_len=jnp.ones((4,), jnp.int32),
-                sampling=SamplingParams.make(4), target_hidden=hidden)
-  outs = []
-  for h in (head, loaded):
-    drafter, params = MedusaDrafter.from_head(h, target, 3, sample=False)
-    state = drafter.init_state(params, None, ctx, 8)
-    outs.append((drafter.propose(params, state, ctx, None)[0].tokens,
-                 drafter.topk(params, state, 4)[0]))
-  np.testing.assert_array_equal(outs[0][0], outs[1][0])
-  np.testing.assert_array_equal(outs[0][1], outs[1][1])
+  _assert_same_drafts(target, head, loaded, num_draft=3, k=4, seed=8)
   prompts = _prompts(9, [5, 10])
   plain = Decoder(target).generate(prompts, max_new_tokens=16, eos=False).token_ids
   spec = SpecDecoder(target, {"method": "medusa", "num_speculative_tokens": 3, "head": folder})
