@@ -5,7 +5,7 @@ the same run, interleaved; JSON out with the goals of issue 43 judged.
   python -m jspec.bench.long_context --json benchmarks/results/long_context/cpu.json
       [--contexts 64,512,2048,8128] [--batch-sizes 1,4,16] [--draft 3,7]
       [--prefill 1x64,1x512,1x2048,1x8128,16x2048] [--calls 10] [--repeats 3]
-      [--no-llama-cpp] [--no-padded]
+      [--weights f32|bf16|int8|gguf] [--no-llama-cpp] [--no-padded]
 
 A step's buffer is what a call allocates for it: the context plus 64 new tokens. "padded" runs
 B = 16 rows of 64-token prompts in a 2048-token buffer (`pad_to=2048`) against the same rows
@@ -32,6 +32,7 @@ from jspec import decode
 from jspec.bench.step_latency import PlainStep, wall_us
 from jspec.io import atomic_write_text, check_writable
 from models.kv_cache import KVCache
+from models.stored_layers import WEIGHTS
 
 NEW_TOKENS = 64   # buffer room past the context, as a call with max_new_tokens=64 allocates
 PAD_TO = 2048
@@ -101,6 +102,9 @@ def main(argv=None) -> None:
                  help="prefill points BxP (rows x prompt tokens)")
   p.add_argument("--calls", type=int, default=10, help="timed calls per point and repeat")
   p.add_argument("--repeats", type=int, default=3, help="interleaved passes over all points")
+  p.add_argument("--weights", default="f32", choices=WEIGHTS,
+                 help="how jspec holds the default model's weights (models.load); the peer always "
+                      "reads the GGUF as stored")
   p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
   p.add_argument("--no-padded", action="store_true", help="skip the padded-buffer comparison")
   p.add_argument("--tiny", action="store_true",
@@ -128,7 +132,7 @@ def main(argv=None) -> None:
     args.no_llama_cpp = True
   else:
     from models import registry
-    loaded = registry.load(quiet=True)
+    loaded = registry.load(quiet=True, weights=args.weights)
     model, name, gguf = loaded.model, loaded.name, loaded.source
   cfg = model.config
   padded_len = 0 if args.no_padded else PAD_TO + NEW_TOKENS
@@ -220,7 +224,8 @@ def main(argv=None) -> None:
       command="python -m jspec.bench.long_context " + " ".join(argv if argv is not None else
                                                                sys.argv[1:]),
       commit=commit, backend=jax.default_backend(), device=str(jax.devices()[0]),
-      jax_version=jax.__version__, cpus=os.cpu_count(), model=name, calls=args.calls,
+      jax_version=jax.__version__, cpus=os.cpu_count(), model=name,
+      weights=None if args.tiny else args.weights, calls=args.calls,
       repeats=args.repeats, decode=decode_rows, verify=verify, prefill=prefill_rows,
       padded=dict(batch_size=16, prompt_tokens=64, pad_to=PAD_TO,
                   decode_ms={"unpadded": step(16, 64),
