@@ -64,7 +64,7 @@ def cmd_generate(args) -> None:
       mesh = parse_mesh(args.mesh)
   except ValueError as e:
     sys.exit(f"jspec: {e}")
-  loaded = cli_args.load_model(args.model, args.weights)
+  loaded = cli_args.load_model(args.model, args.weights, args.kv_cache)
   tok = loaded.tokenizer
   try:
     if args.raw:
@@ -152,7 +152,7 @@ def cmd_bench_decode(args) -> None:
   sizes = cli_args.ints(args.batch_sizes, "--batch-sizes")
   cli_args.at_least_1(args, "--max-new-tokens", "--repeats")
   cli_args.check_outputs(args, [args.json])
-  loaded = cli_args.load_model(args.model, args.weights)
+  loaded = cli_args.load_model(args.model, args.weights, args.kv_cache)
   cli_args.check_context(loaded, [[{"role": "user", "content": p}] for p in plain.PROMPTS],
                  args.max_new_tokens)
   report = plain.run(loaded, batch_sizes=sizes, max_new_tokens=args.max_new_tokens,
@@ -186,7 +186,7 @@ def cmd_bench(args) -> None:
     sys.exit(f"jspec: {e}")
   from jspec.bench import plots
   cli_args.check_outputs(args, [args.json], args.plot, plots.FILES)
-  loaded = cli_args.load_model(args.model, args.weights)
+  loaded = cli_args.load_model(args.model, args.weights, args.kv_cache)
   cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   report = speedup.run(
       loaded, prompts, drafters=drafters, num_draft=num_draft, batch_sizes=batch_sizes,
@@ -230,7 +230,7 @@ def cmd_plan(args) -> None:
   except ValueError as e:
     sys.exit(f"jspec: {e}")
   cli_args.check_outputs(args, [args.json, args.plot])
-  loaded = cli_args.load_model(args.model, args.weights)
+  loaded = cli_args.load_model(args.model, args.weights, args.kv_cache)
   cli_args.check_context(loaded, [p.messages for p in prompts], args.max_new_tokens)
   tok = loaded.tokenizer
   ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
@@ -240,6 +240,7 @@ def cmd_plan(args) -> None:
                        log=lambda m: print(m, file=sys.stderr, flush=True))
   report["command"] = "jspec plan " + " ".join(args.argv)
   report["weights"] = args.weights
+  report["kv_cache"] = args.kv_cache
   failed = []
   if not cli_args.save_text(args, args.json, json.dumps(report, indent=2)):
     failed.append("the plan was not saved")
@@ -351,6 +352,8 @@ def _parse(argv) -> argparse.Namespace:
   g.add_argument("--model", default=DEFAULT_MODEL)
   g.add_argument("--weights", choices=WEIGHTS, default="f32",
                  help=cli_args.WEIGHTS_HELP)
+  g.add_argument("--kv-cache", choices=("f32", "bf16"), default="f32",
+                 help=cli_args.KV_CACHE_HELP)
   g.add_argument("--max-new-tokens", type=int, default=128)
   g.add_argument("--temperature", type=float, default=0.0)
   g.add_argument("--top-k", type=int, default=0)
@@ -381,6 +384,8 @@ def _parse(argv) -> argparse.Namespace:
   b.add_argument("--model", default=DEFAULT_MODEL)
   b.add_argument("--weights", choices=WEIGHTS, default="f32",
                  help=cli_args.WEIGHTS_HELP)
+  b.add_argument("--kv-cache", choices=("f32", "bf16"), default="f32",
+                 help=cli_args.KV_CACHE_HELP)
   b.add_argument("--batch-sizes", default="1,8")
   b.add_argument("--max-new-tokens", type=int, default=64)
   b.add_argument("--repeats", type=int, default=5)
@@ -395,6 +400,8 @@ def _parse(argv) -> argparse.Namespace:
   s.add_argument("--model", default=DEFAULT_MODEL)
   s.add_argument("--weights", choices=WEIGHTS, default="f32",
                  help=cli_args.WEIGHTS_HELP)
+  s.add_argument("--kv-cache", choices=("f32", "bf16"), default="f32",
+                 help=cli_args.KV_CACHE_HELP)
   s.add_argument("--drafters", default="ngram,layer-skip",
                  help="comma-separated, of: " + ", ".join(_drafter_names()) +
                  " (draft-model defaults to the target as its own draft); a variant sets "
@@ -421,6 +428,8 @@ def _parse(argv) -> argparse.Namespace:
   pl.add_argument("--model", default=DEFAULT_MODEL)
   pl.add_argument("--weights", choices=WEIGHTS, default="f32",
                  help=cli_args.WEIGHTS_HELP)
+  pl.add_argument("--kv-cache", choices=("f32", "bf16"), default="f32",
+                  help=cli_args.KV_CACHE_HELP)
   pl.add_argument("--drafters", default="ngram,eagle3",
                   help="comma-separated, of: " + ", ".join(_drafter_names()))
   pl.add_argument("--batch-sizes", default="1,4")

@@ -12,11 +12,15 @@ WEIGHTS_HELP = ("how the target's weights are held: f32 (dequantised, the defaul
                 "gguf (a GGUF file's Q8_0/Q4_0/Q4_1 blocks read as stored), auto (as stored)")
 
 
-def load_model(name: str, weights: str = "f32"):
+KV_CACHE_HELP = ("the KV cache's dtype: f32 (the default) or bf16 (half the bytes a long-context "
+                 "step reads; attention math stays fp32)")
+
+
+def load_model(name: str, weights: str = "f32", kv_cache: str = "f32"):
   """The registered model `name`; exits with the loader's message where it cannot load."""
   import models
   try:
-    return models.load(name, weights=weights)
+    return models.load(name, weights=weights, kv_cache=kv_cache)
   except models.ModelLoadError as e:
     sys.exit(f"jspec: {e}")
 

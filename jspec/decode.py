@@ -216,6 +216,7 @@ class Decoder:
     weights are placed on it and every program runs under it."""
     self.config = model.config
     self.activation_dtype = model.activation_dtype
+    self.cache_dtype = model.cache_dtype
     self.graphdef, self.weights = nnx.split(model)
     self.mesh = sharding.as_mesh(mesh)
     if self.mesh is not None:
@@ -238,7 +239,7 @@ class Decoder:
     b = len(prompts)
     params = SamplingParams.make(b, temperature, top_k, top_p)
     buffer_len = int(max_new.max())
-    cache = KVCache.init(self.config, b, tokens.shape[1] + buffer_len, dtype=self.weights_dtype)
+    cache = KVCache.init(self.config, b, tokens.shape[1] + buffer_len, dtype=self.cache_dtype)
     args_pre = (self.weights, cache, jnp.asarray(tokens), jnp.asarray(lens))
     eos_ids = self.eos_ids if eos else ()
     key = (b, tokens.shape[1], buffer_len, eos_ids)
@@ -270,5 +271,5 @@ class Decoder:
 
   @property
   def weights_dtype(self):
-    """The dtype of activations and of the KV cache (float32 for weights in a stored format)."""
+    """The dtype of activations (float32 for weights in a stored format)."""
     return self.activation_dtype

@@ -84,7 +84,7 @@ def spec_prefill(graphdef, weights, drafter, drafter_params, prompt: jax.Array,
   (which sees the prompt's hidden taps and the call's per-row drafter inputs, `request`)."""
   model = nnx.merge(graphdef, weights)
   b, p = prompt.shape
-  cache = KVCache.init(model.config, b, max_len, dtype=model.activation_dtype)
+  cache = model.init_cache(b, max_len)
   out = model.prefill(prompt, cache, prompt_len, taps=drafter.target_taps)
   first = sample(_step_keys(keys, jnp.int32(0), 0), out.logits[:, 0], sampling)
   tokens = jnp.zeros((b, max_len), jnp.int32).at[:, :p].set(prompt)

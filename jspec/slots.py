@@ -185,7 +185,7 @@ class SlotDecoder:
         raise ValueError(f"tap {tap} out of range [0, {cfg.num_layers}) (the final hidden state "
                          "is always captured with taps)")
     self.config = cfg
-    self.activation_dtype = model.activation_dtype
+    self.cache_dtype = model.cache_dtype
     self.graphdef, self.weights = nnx.split(model)
     self.eos_ids = tuple(sorted(set(int(i) for i in eos_ids)))
     self.slots, self.max_len, self.admit_width = slots, max_len, admit_width
@@ -196,7 +196,7 @@ class SlotDecoder:
 
   def _init_state(self) -> SlotState:
     b, n, cfg = self.slots, self.max_new_tokens, self.config
-    dtype = self.activation_dtype
+    dtype = self.cache_dtype
     k = len(self.taps)
     return SlotState(
         tokens=jnp.zeros((b, n), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),

@@ -46,7 +46,7 @@ class Point:
                t: int, context: int, max_len: int):
     self.key = dict(impl=impl, matmul_impl=matmul, batch_size=batch, tokens=t)
     self.graphdef, self.weights = graphdef, weights
-    dtype = nnx.merge(graphdef, weights).activation_dtype
+    dtype = nnx.merge(graphdef, weights).cache_dtype
     self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
     self.cache = KVCache.init(config, batch, max_len, dtype=dtype).with_lengths(self.lengths())
     self.tokens = jnp.ones((batch, t), jnp.int32)

@@ -28,6 +28,22 @@ PREFILL_ROWS = 1024   # token rows per prefill chunk (over the batch): GEMMs thi
 PREFILL_CHUNK_RANGE = (64, 512)
 
 
+CACHE_DTYPES = ("float32", "bfloat16")
+
+
+def check_cache_dtype(cache_dtype, dtype) -> jnp.dtype:
+  """The KV cache dtype a model keeps: `cache_dtype` (float32 or bfloat16), else `dtype`."""
+  if cache_dtype is None:
+    return jnp.dtype(dtype)
+  try:
+    chosen = jnp.dtype(cache_dtype)
+  except TypeError:
+    chosen = None
+  if chosen is None or chosen.name not in CACHE_DTYPES:
+    raise ValueError(f"cache_dtype must be one of {', '.join(CACHE_DTYPES)}, got {cache_dtype!r}")
+  return chosen
+
+
 def prefill_chunk(batch_size: int) -> int:
   """Prompt tokens per prefill chunk for a batch: PREFILL_ROWS rows in all, within
   PREFILL_CHUNK_RANGE, a power of two (prompt widths are bucketed to powers of two)."""
@@ -92,7 +108,8 @@ class Attention(nnx.Module):
       q, k = self.q_norm(q), self.k_norm(k)
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
-    if not write:
+    if not write:   # the block's K/V as the cache will hold them, so both paths read the same
+      k, v = k.astype(cache.k[layer].dtype), v.astype(cache.v[layer].dtype)
       out = attend_unwritten(q, cache.k[layer], cache.v[layer], cache.lengths, k, v, tree_mask,
                              impl=self.attention_impl)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)
@@ -152,10 +169,13 @@ class Llama(nnx.Module):
   keys each row holds), "pallas", "cpu" or "reference"; static, see `pallas_kernels.verify_attention`.
   matmul_impl: "auto" (on CPU, fp32 products of <= 16 rows through `models.cpu_gemm`, which reads
   each weight once for a whole verify block; XLA's dot otherwise), "ffi" or "xla"; static.
-  moe_impl: the expert GEMMs of MoE layers (`models.moe.MoE`, `pallas_kernels.moe_gemm.gmm`)."""
+  moe_impl: the expert GEMMs of MoE layers (`models.moe.MoE`, `pallas_kernels.moe_gemm.gmm`).
+  cache_dtype: the KV cache's dtype (default: `dtype`); bfloat16 halves the bytes a step reads
+  at long context, the attention math stays in fp32 (`init_cache`; static)."""
 
   def __init__(self, cfg: LlamaConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None = None,
-               attention_impl: str = "auto", matmul_impl: str = "auto", moe_impl: str = "auto"):
+               attention_impl: str = "auto", matmul_impl: str = "auto", moe_impl: str = "auto",
+               cache_dtype=None):
     if attention_impl not in IMPLS:
       raise ValueError(f"attention_impl must be one of {IMPLS}, got {attention_impl!r}")
     if matmul_impl not in cpu_gemm.IMPLS:
@@ -163,6 +183,7 @@ class Llama(nnx.Module):
     rngs = rngs if rngs is not None else nnx.Rngs(0)
     self.config = cfg
     self.activation_dtype = jnp.dtype(dtype)
+    self.cache_dtype = check_cache_dtype(cache_dtype, dtype)
     self.attention_impl = attention_impl
     self.matmul_impl = matmul_impl
     self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, param_dtype=dtype, dtype=dtype,
@@ -226,6 +247,10 @@ class Llama(nnx.Module):
     advance = jnp.full((b,), t, jnp.int32) if num_new is None else num_new.astype(jnp.int32)
     cache = cache.with_lengths(cache.lengths + advance)
     return ForwardOutput(logits=logits, cache=cache, hidden=taps_out)
+
+  def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+    """An empty KV cache for this model in its `cache_dtype`."""
+    return KVCache.init(self.config, batch_size, max_len, dtype=self.cache_dtype)
 
   def prefill(self, tokens: jax.Array, cache: KVCache, prompt_lens: jax.Array, *,
               taps: Sequence[int] = (), chunk: int | None = None) -> ForwardOutput:

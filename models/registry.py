@@ -48,17 +48,25 @@ def resolve(name: str, *, quiet: bool = False) -> str:
       "file, a Hugging Face folder (config.json + *.safetensors), or a hub id 'org/name'")
 
 
+KV_CACHES = {"f32": "float32", "bf16": "bfloat16"}   # the user's choice (`--kv-cache`)
+
+
 def load(name: str = DEFAULT_MODEL, *, dtype=jnp.float32, quiet: bool = False,
-         weights: str = "f32") -> LoadedModel:
+         weights: str = "f32", kv_cache: str = "f32") -> LoadedModel:
   """weights: how the dense weights are held (`models.stored_layers.WEIGHTS`): "f32" (dequantised
   to float32), "bf16" or "int8" (converted), "gguf" (a GGUF file's Q8_0/Q4_0/Q4_1/BF16 blocks kept
   as stored; other block formats refused), "auto" (as stored: a GGUF file's blocks where jspec
-  reads their format, a safetensors folder's bf16, else float32)."""
+  reads their format, a safetensors folder's bf16, else float32).
+  kv_cache: the KV cache's dtype, "f32" or "bf16" (half the bytes a long-context step reads; the
+  attention math stays fp32, and speculative decoding stays exact against plain decoding with the
+  same cache)."""
   from models.stored_layers import WEIGHTS
   from models.weights import llama_from_hf_tensors
 
   if weights not in WEIGHTS:
     raise ModelLoadError(f"weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+  if kv_cache not in KV_CACHES:
+    raise ModelLoadError(f"kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
   path = resolve(name, quiet=quiet)
   fmt = weights if weights in ("bf16", "int8") else None
   if os.path.isdir(path):
@@ -78,4 +86,5 @@ def load(name: str = DEFAULT_MODEL, *, dtype=jnp.float32, quiet: bool = False,
   else:
     raise ModelLoadError(f"{path!r} is neither a .gguf file nor a model folder")
   model = llama_from_hf_tensors(cfg, tensors, dtype=dtype, weight_format=fmt)
+  model.cache_dtype = jnp.dtype(KV_CACHES[kv_cache])
   return LoadedModel(model=model, tokenizer=tokenizer, name=name, source=path)

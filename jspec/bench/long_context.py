@@ -5,7 +5,7 @@ the same run, interleaved; JSON out with the goals of issue 43 judged.
   python -m jspec.bench.long_context --json benchmarks/results/long_context/cpu.json
       [--contexts 64,512,2048,8128] [--batch-sizes 1,4,16] [--draft 3,7]
       [--prefill 1x64,1x512,1x2048,1x8128,16x2048] [--calls 10] [--repeats 3]
-      [--weights f32|bf16|int8|gguf] [--no-llama-cpp] [--no-padded]
+      [--weights f32|bf16|int8|gguf] [--kv-cache f32|bf16] [--no-llama-cpp] [--no-padded]
 
 A step's buffer is what a call allocates for it: the context plus 64 new tokens. "padded" runs
 B = 16 rows of 64-token prompts in a 2048-token buffer (`pad_to=2048`) against the same rows
@@ -31,6 +31,7 @@ from flax import nnx
 from jspec import decode
 from jspec.bench.step_latency import PlainStep, wall_us
 from jspec.io import atomic_write_text, check_writable
+from models import registry
 from models.kv_cache import KVCache
 from models.stored_layers import WEIGHTS
 
@@ -54,7 +55,7 @@ def prefill_memory(model, batch: int, width: int, buffer: int) -> dict:
   """The compiled prefill program's memory (XLA's buffer assignment): its temporaries, and the
   cache it fills in place (donated), in MB."""
   graphdef, weights = nnx.split(model)
-  cache = jax.eval_shape(lambda: KVCache.init(model.config, batch, buffer))
+  cache = jax.eval_shape(lambda: model.init_cache(batch, buffer))
   tokens = jax.ShapeDtypeStruct((batch, width), jnp.int32)
   lens = jax.ShapeDtypeStruct((batch,), jnp.int32)
   stats = decode.prefill.lower(graphdef, weights, cache, tokens, lens).compile().memory_analysis()
@@ -105,6 +106,8 @@ def main(argv=None) -> None:
   p.add_argument("--weights", default="f32", choices=WEIGHTS,
                  help="how jspec holds the default model's weights (models.load); the peer always "
                       "reads the GGUF as stored")
+  p.add_argument("--kv-cache", default="f32", choices=tuple(registry.KV_CACHES),
+                 help="the KV cache's dtype (the peer keeps llama.cpp's default f16 cache)")
   p.add_argument("--no-llama-cpp", action="store_true", help="skip the llama.cpp peer")
   p.add_argument("--no-padded", action="store_true", help="skip the padded-buffer comparison")
   p.add_argument("--tiny", action="store_true",
@@ -131,8 +134,7 @@ def main(argv=None) -> None:
     model, name, gguf = Llama(LlamaConfig.tiny(), rngs=nnx.Rngs(0)), "tiny", None
     args.no_llama_cpp = True
   else:
-    from models import registry
-    loaded = registry.load(quiet=True, weights=args.weights)
+    loaded = registry.load(quiet=True, weights=args.weights, kv_cache=args.kv_cache)
     model, name, gguf = loaded.model, loaded.name, loaded.source
   cfg = model.config
   padded_len = 0 if args.no_padded else PAD_TO + NEW_TOKENS
@@ -225,7 +227,8 @@ def main(argv=None) -> None:
                                                                sys.argv[1:]),
       commit=commit, backend=jax.default_backend(), device=str(jax.devices()[0]),
       jax_version=jax.__version__, cpus=os.cpu_count(), model=name,
-      weights=None if args.tiny else args.weights, calls=args.calls,
+      weights=None if args.tiny else args.weights,
+      kv_cache=None if args.tiny else args.kv_cache, calls=args.calls,
       repeats=args.repeats, decode=decode_rows, verify=verify, prefill=prefill_rows,
       padded=dict(batch_size=16, prompt_tokens=64, pad_to=PAD_TO,
                   decode_ms={"unpadded": step(16, 64),

@@ -32,7 +32,7 @@ def step_bytes(decoder: Decoder, batch_size: int, cache_len: int) -> int:
   weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(decoder.weights))
   cfg = decoder.config
   kv = 2 * cfg.num_layers * batch_size * cache_len * cfg.num_kv_heads * cfg.head_dim
-  return weights + kv * jnp.dtype(decoder.weights_dtype).itemsize
+  return weights + kv * jnp.dtype(decoder.cache_dtype).itemsize
 
 
 def run(loaded, batch_sizes=(1, 8), max_new_tokens: int = 64, repeats: int = 5) -> dict:

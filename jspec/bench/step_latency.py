@@ -43,7 +43,7 @@ class PlainStep:
 
   def __init__(self, model: Llama, batch: int, context: int, max_len: int, width: int = 1):
     self.graphdef, self.weights = nnx.split(model)
-    dtype = model.activation_dtype
+    dtype = model.cache_dtype
     self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
     self.cache = KVCache.init(model.config, batch, max_len, dtype=dtype).with_lengths(
         self.lengths())

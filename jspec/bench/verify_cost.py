@@ -32,7 +32,7 @@ def step_bytes(model: Llama, batch: int, context: int) -> int:
   weights = sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(nnx.state(model)))
   cfg = model.config
   kv = 2 * cfg.num_layers * batch * context * cfg.num_kv_heads * cfg.head_dim
-  return weights + kv * model.activation_dtype.itemsize
+  return weights + kv * model.cache_dtype.itemsize
 
 
 def main(argv=None) -> None:

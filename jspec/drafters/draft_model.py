@@ -39,7 +39,7 @@ class DraftModelDrafter(Drafter):
 
   def init_state(self, params, prompt: jax.Array, ctx: Context, max_len: int) -> KVCache:
     model = nnx.merge(self.graphdef, params)
-    cache = KVCache.init(model.config, prompt.shape[0], max_len, dtype=model.activation_dtype)
+    cache = model.init_cache(prompt.shape[0], max_len)
     return model(prompt, cache, num_new=ctx.prompt_len,
                  logit_indices=jnp.zeros((prompt.shape[0], 1), jnp.int32)).cache
 

@@ -10,6 +10,10 @@
 // Work items are (row, KV head, tile of query positions, split of the keys); a row with few items
 // (a decode step at B = 1) has its keys split so both cores stream them, the splits merged at the
 // end by their softmax maxima. A query that sees no key gets zeros.
+//
+// The cache may be float32 or bfloat16 (half the bytes a step reads); a bf16 block of keys is
+// widened into an L1 buffer of floats as it is read, so the arithmetic is the same fp32 code.
+// The block's own keys (k_new/v_new) are always float32.
 
 #include <algorithm>
 #include <atomic>
@@ -38,6 +42,7 @@ constexpr int VL = 4;
 #endif
 typedef float vf __attribute__((vector_size(VL * 4), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(VL * 4), aligned(4)));
+typedef uint16_t vh __attribute__((vector_size(VL * 2), aligned(2)));
 
 constexpr int KB = 32;        // keys per block (its K and V rows stay in L1 across a tile)
 constexpr int RMAX = 32;      // query rows (positions x grouped heads) per tile
@@ -99,8 +104,19 @@ inline vf vexp(vf x) {
   return below ? zero : out;
 }
 
+// n bf16 values (n a multiple of VL) widened to float: a bf16 is the top half of a float.
+inline void widen_bf16(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += VL) {
+    vh h;
+    std::memcpy(&h, src + i, sizeof(h));
+    vi w = __builtin_convertvector(h, vi) << 16;
+    std::memcpy(dst + i, &w, sizeof(w));
+  }
+}
+
 struct Problem {
   const float *q, *k, *v, *k_new, *v_new;
+  const uint16_t *k16, *v16;   // a bf16 cache (k and v are then null)
   const int32_t* lengths;
   const bool* mask;   // [B, T, T] or null (causal)
   float* out;
@@ -113,9 +129,11 @@ struct Problem {
   int64_t block(int64_t b) const {
     return written ? std::clamp<int64_t>(S - lengths[b], 0, T) : T;
   }
+  bool in_cache(int64_t j, int64_t L) const { return written || j < L; }
+  int64_t cache_offset(int64_t b, int64_t h, int64_t j) const { return ((b * S + j) * KVH + h) * Dh; }
   const float* key(const float* cache, const float* fresh, int64_t b, int64_t h, int64_t j,
                    int64_t L) const {
-    if (written || j < L) return cache + ((b * S + j) * KVH + h) * Dh;
+    if (in_cache(j, L)) return cache + cache_offset(b, h, j);
     return fresh + ((b * T + (j - L)) * KVH + h) * Dh;
   }
 };
@@ -370,12 +388,22 @@ void attend_tile(const Problem& P, const Item& it, float* m, float* l, float* ac
   std::fill(acc, acc + R * Dh, 0.f);
   const float* kp[KB];
   const float* vp[KB];
+  alignas(64) float kw[KB][ND * VL];   // a bf16 cache's keys and values, widened
+  alignas(64) float vw[KB][ND * VL];
   for (int64_t j0 = it.ja; j0 < it.jb; j0 += KB) {
     const int nk = static_cast<int>(std::min<int64_t>(KB, it.jb - j0));
     for (int64_t h = it.h0; h < it.h1; ++h) {
       for (int jj = 0; jj < nk; ++jj) {
-        kp[jj] = P.key(P.k, P.k_new, b, h, j0 + jj, L);
-        vp[jj] = P.key(P.v, P.v_new, b, h, j0 + jj, L);
+        const int64_t j = j0 + jj;
+        if (P.k16 && P.in_cache(j, L)) {
+          widen_bf16(P.k16 + P.cache_offset(b, h, j), kw[jj], Dh);
+          widen_bf16(P.v16 + P.cache_offset(b, h, j), vw[jj], Dh);
+          kp[jj] = kw[jj];
+          vp[jj] = vw[jj];
+          continue;
+        }
+        kp[jj] = P.key(P.k, P.k_new, b, h, j, L);
+        vp[jj] = P.key(P.v, P.v_new, b, h, j, L);
       }
       block_rows<ND>(P, it, (h - it.h0) * rh, rh, qrow, kp, vp, j0, nk, m, l, acc);
     }
@@ -459,8 +487,8 @@ void merge(const Job& job, const Item& head, int64_t n) {
   write_out(P, head, l.data(), acc.data());
 }
 
-ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k,
-                  ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> lengths,
+ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k,
+                  ffi::AnyBuffer v, ffi::Buffer<ffi::S32> lengths,
                   ffi::Buffer<ffi::PRED> mask, ffi::Buffer<ffi::F32> k_new,
                   ffi::Buffer<ffi::F32> v_new, ffi::ResultBuffer<ffi::F32> out, int64_t causal,
                   int64_t written) {
@@ -479,8 +507,14 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi
   P.written = written != 0;
   P.scale = 1.f / std::sqrt(static_cast<float>(P.Dh));
   P.q = q.typed_data();
-  P.k = k.typed_data();
-  P.v = v.typed_data();
+  const bool bf16 = k.element_type() == ffi::DataType::BF16;
+  if (k.element_type() != v.element_type() ||
+      !(bf16 || k.element_type() == ffi::DataType::F32))
+    return ffi::Error::InvalidArgument("cpu attention: the cache must be float32 or bfloat16");
+  P.k = bf16 ? nullptr : static_cast<const float*>(k.untyped_data());
+  P.v = bf16 ? nullptr : static_cast<const float*>(v.untyped_data());
+  P.k16 = bf16 ? static_cast<const uint16_t*>(k.untyped_data()) : nullptr;
+  P.v16 = bf16 ? static_cast<const uint16_t*>(v.untyped_data()) : nullptr;
   P.k_new = k_new.typed_data();
   P.v_new = v_new.typed_data();
   P.lengths = lengths.typed_data();
@@ -550,8 +584,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(jspec_cpu_attention, Attend,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()    // q
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // k (cache)
-                                  .Arg<ffi::Buffer<ffi::F32>>()    // v (cache)
+                                  .Arg<ffi::AnyBuffer>()           // k (cache, f32 or bf16)
+                                  .Arg<ffi::AnyBuffer>()           // v (cache, f32 or bf16)
                                   .Arg<ffi::Buffer<ffi::S32>>()    // lengths
                                   .Arg<ffi::Buffer<ffi::PRED>>()   // tree mask (unused if causal)
                                   .Arg<ffi::Buffer<ffi::F32>>()    // k_new (unused if written)

@@ -21,6 +21,7 @@ SOURCE = Path(__file__).with_name("kernel_cpu.cc")
 NAME = "jspec_cpu_attention"
 HEAD_DIMS = (16, 32, 64, 96, 128, 256)   # head dims the C++ instantiates (multiples of 8 lanes)
 MAX_GROUP = 32                           # query heads per KV head that fit one tile
+CACHE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))   # the cache's; math is fp32
 
 
 def available() -> bool:
@@ -38,8 +39,8 @@ def why_unavailable() -> str:
 
 def unsupported(head_dim: int, group: int, dtype) -> str | None:
   """Why the kernel cannot serve these shapes (None when it can)."""
-  if jnp.dtype(dtype) != jnp.float32:
-    return f"dtype {jnp.dtype(dtype)} (the CPU kernel is fp32)"
+  if jnp.dtype(dtype) not in CACHE_DTYPES:
+    return f"dtype {jnp.dtype(dtype)} (the CPU kernel reads float32 or bfloat16 caches)"
   if head_dim not in HEAD_DIMS:
     return f"head_dim {head_dim} (the CPU kernel has {HEAD_DIMS})"
   if group > MAX_GROUP:
@@ -55,6 +56,8 @@ def _call(q, k, v, lengths, tree_mask, k_new, v_new):
   dummy = jnp.zeros((1,), jnp.float32)
   call = jax.ffi.ffi_call(NAME, jax.ShapeDtypeStruct(q.shape, jnp.float32),
                           vmap_method="sequential")
+  if k.dtype != v.dtype:
+    raise ValueError(f"k and v must share a dtype, got {k.dtype} and {v.dtype}")
   return call(q.astype(jnp.float32), k, v, lengths.astype(jnp.int32),
               jnp.zeros((1,), jnp.bool_) if causal else tree_mask,
               dummy if written else k_new.astype(jnp.float32),

@@ -16,6 +16,7 @@ import time
 import numpy as np
 import pytest
 
+import models
 from jspec import cli, cli_args
 from jspec import io as jio
 from jspec.bench import speedup
@@ -82,20 +83,24 @@ def test_overflowing_max_new_tokens(value, tiny_loaded, monkeypatch, prompts):
 
 
 @pytest.mark.parametrize("command", [["generate", "hi", "--raw"], ["bench-decode"]])
-def test_weights_reach_the_loader(command, monkeypatch):
-  """--weights is passed to the loader (checked before any work); an unknown format is refused."""
+def test_weights_and_cache_reach_the_loader(command, monkeypatch):
+  """--weights and --kv-cache are passed to the loader (checked before any work); an unknown
+  format or cache dtype is refused, and so is a bad kv_cache through the API."""
   seen = []
 
-  def load(name, weights="f32"):
-    seen.append(weights)
+  def load(name, weights="f32", kv_cache="f32"):
+    seen.append((weights, kv_cache))
     raise SystemExit("stop")
   monkeypatch.setattr(cli_args, "load_model", load)
   with pytest.raises(SystemExit):
-    cli.main(command + ["--weights", "int8"])
-  assert seen == ["int8"]
-  with pytest.raises(SystemExit) as e:
-    cli.main(command + ["--weights", "q4_k"])
-  assert e.value.code == 2 and seen == ["int8"]
+    cli.main(command + ["--weights", "int8", "--kv-cache", "bf16"])
+  assert seen == [("int8", "bf16")]
+  for bad in (["--weights", "q4_k"], ["--kv-cache", "fp8"]):
+    with pytest.raises(SystemExit) as e:
+      cli.main(command + bad)
+    assert e.value.code == 2 and seen == [("int8", "bf16")]
+  with pytest.raises(models.ModelLoadError, match="kv_cache must be one of f32, bf16"):
+    models.load(kv_cache="fp8")
 
 
 def test_model_file_not_found():

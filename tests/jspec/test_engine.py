@@ -209,3 +209,28 @@ def test_offered_counts_the_rounds_that_verified_each_position(tiny):
   assert 0 < out.offered_at[0] < out.rounds
   assert all(o <= a for o, a in zip(out.offered_at[1:], out.accepted_at[:-1]))
   assert out.conditional_acceptance[0] > out.per_position_acceptance[0]
+
+
+def test_a_bf16_cache_keeps_speculation_exact(tiny):
+  """With the KV cache in bf16 (`cache_dtype`), a verify block, a plain step and the adaptive
+  round's unwritten block read the same rounded keys: the target drafting for itself accepts every
+  token, and every decoder emits bf16-cache plain decoding. The cache is a different target from
+  the fp32 one, close to it."""
+  model = nnx.clone(tiny)
+  model.cache_dtype = jnp.dtype(jnp.bfloat16)
+  prompts = _prompts(6, [5, 9, 3])
+  plain = Decoder(model).generate(prompts, max_new_tokens=20, eos=False)
+  full = _self_draft(model, 3).generate(prompts, max_new_tokens=20, eos=False)
+  assert full.token_ids == plain.token_ids and full.per_position_acceptance == [1.0] * 3
+  for cfg in ({"method": "draft_model", "num_speculative_tokens": "auto", "draft_lengths": [0, 1, 3]},
+              {"method": "ngram", "num_speculative_tokens": 3}):
+    out = SpecDecoder(model, cfg, draft_model=model, time_rounds=False).generate(
+        prompts, max_new_tokens=20, eos=False)
+    assert out.token_ids == plain.token_ids, cfg
+  ids = jnp.asarray([prompts[1]])
+  logits = {m.cache_dtype: m(ids, m.init_cache(1, 16)).logits for m in (tiny, model)}
+  assert model.init_cache(1, 16).k[0].dtype == jnp.bfloat16
+  np.testing.assert_allclose(np.asarray(logits[jnp.dtype(jnp.bfloat16)]),
+                             np.asarray(logits[jnp.dtype(jnp.float32)]), atol=0.05)
+  with pytest.raises(ValueError, match="cache_dtype must be one of float32, bfloat16"):
+    Llama(CFG, cache_dtype="float16")

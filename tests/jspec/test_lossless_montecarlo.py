@@ -48,6 +48,14 @@ def moe_target():
 
 
 @pytest.fixture(scope="module")
+def bf16_cache_target(target):
+  """The same target keeping its KV cache in bfloat16 (a different, equally exact target)."""
+  model = nnx.clone(target)
+  model.cache_dtype = jnp.dtype(jnp.bfloat16)
+  return model
+
+
+@pytest.fixture(scope="module")
 def draft():
   model = Llama(CFG, rngs=nnx.Rngs(1))
   model.embed.embedding[...] = model.embed.embedding[...] * 6.0
@@ -57,7 +65,7 @@ def draft():
 def exact_joint(model, t, k, p):
   params = SamplingParams.make(1, t, k, p)
   seqs = np.array([PROMPT + [a] for a in range(8)])
-  logits = model(jnp.asarray(seqs), KVCache.init(CFG, 8, 8)).logits      # [8, 6, V]
+  logits = model(jnp.asarray(seqs), model.init_cache(8, 8)).logits       # [8, 6, V]
   p1 = np.exp(np.asarray(process_logits(logits[:1, -2], params), np.float64))[0]
   p2 = np.exp(np.asarray(process_logits(logits[:, -1], SamplingParams.make(8, t, k, p)),
                          np.float64))
@@ -147,10 +155,12 @@ def block_modules(target):
 @pytest.mark.parametrize("method", ["draft_model", "ngram", "layer_skip", "eagle3",
                                     "eagle3-shared", "suffix",
                                     "lookahead", "prediction", "draft_model-auto",
-                                    "draft_model-moe", "eagle3-tree", "medusa", "medusa-tree",
+                                    "draft_model-moe", "draft_model-auto-bf16cache",
+                                    "eagle3-tree", "medusa", "medusa-tree",
                                     "medusa-shared", "mtp",
                                     "dflash", "dspark-schedule"])
-def test_first_two_tokens_match_target_distribution(target, moe_target, draft, eagle3_head,
+def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cache_target,
+                                                     draft, eagle3_head,
                                                      eagle3_shared_head, medusa_head,
                                                      medusa_shared_head, mtp_module,
                                                      block_modules, method):
@@ -163,6 +173,9 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, draft, e
   if method == "medusa-shared":  # Medusa ResBlocks over the target's LM-head rows
     method = cfg["method"] = "medusa"
     drafts["medusa"] = medusa_shared_head
+  if method.endswith("-bf16cache"):   # a target whose KV cache is bf16 (written and unwritten
+    method = cfg["method"] = method.removesuffix("-bf16cache")   # blocks: the adaptive round)
+    target = bf16_cache_target
   if method.endswith("-moe"):    # an MoE target verified against a dense draft model
     method = cfg["method"] = method.removesuffix("-moe")
     target = moe_target

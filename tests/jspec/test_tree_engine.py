@@ -152,3 +152,14 @@ def test_eagle2_tree_shape(tiny):
   with pytest.raises(ValueError, match="chains only"):
     SpecDecoder(tiny, {"method": "eagle3", "num_speculative_tokens": "auto", "tree_top_k": 3,
                        "tree_depth": 3}, draft_model=head)
+
+
+def test_trees_over_a_bf16_cache_are_greedy_identical(tiny):
+  """Tree verification and compaction with the KV cache in bf16 emit bf16-cache plain decoding."""
+  model = nnx.clone(tiny)
+  model.cache_dtype = jnp.dtype(jnp.bfloat16)
+  prompts = _prompts(4, [6, 3])
+  plain = Decoder(model).generate(prompts, max_new_tokens=24, eos=False).token_ids
+  sd = _oracle_decoder(model, prompts, plain)
+  out = sd.generate(prompts, max_new_tokens=24, eos=False)
+  assert out.token_ids == plain and out.acceptance_length > 1.5

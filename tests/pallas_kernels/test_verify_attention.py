@@ -230,7 +230,7 @@ def test_api_validates_inputs():
 
 def test_auto_takes_the_backends_kernel_and_falls_back_with_a_warning(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
-  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "reference"
+  assert choose_impl("auto", head_dim=64, dtype=jnp.float16) == "reference"
   assert choose_impl("pallas", head_dim=64, dtype=jnp.bfloat16) == "pallas_gpu"
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16) == "pallas_gpu"
@@ -463,6 +463,34 @@ def test_cpu_kernel_matches_the_oracle(b, t, g, kvh, s, dh, lengths, tree):
 
 
 @needs_cpu_kernel
+@pytest.mark.parametrize("b,t,g,kvh,s,dh,lengths,tree", [CPU_CASES[i] for i in (0, 1, 2, 3, 4, 8)])
+def test_cpu_kernel_reads_a_bf16_cache_as_its_float32_values(b, t, g, kvh, s, dh, lengths, tree):
+  """A bf16 cache (half the bytes) gives what the fp32 oracle gives on the same values: the
+  kernel widens each key exactly and keeps the arithmetic in fp32."""
+  q, k, v, lengths, tm = make_inputs(b, t, g * kvh, kvh, s, dh, lengths, tree=tree, seed=5)
+  k16, v16 = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+  out = jax.jit(functools.partial(verify_attention, impl="cpu"))(q, k16, v16, lengths, tm)
+  assert out.dtype == q.dtype
+  widen = lambda x: x.astype(jnp.float32)
+  np.testing.assert_allclose(np.asarray(out), oracle(q, widen(k16), widen(v16), lengths, tm),
+                             atol=2e-5)
+  assert choose_impl("auto", head_dim=dh, dtype=jnp.bfloat16, group=g) == "cpu"
+
+
+@needs_cpu_kernel
+@pytest.mark.parametrize("tree", [False, True])
+def test_cpu_kernel_unwritten_block_beside_a_bf16_cache(tree):
+  q, k, v, lengths, tm = make_inputs(2, 5, 9, 3, 96, 64, [90, 13], tree=tree, seed=4)
+  rng = np.random.default_rng(8)
+  k_new, v_new = (jnp.asarray(rng.standard_normal((2, 5, 3, 64)), jnp.float32) for _ in range(2))
+  k16, v16 = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+  out = attend_unwritten(q, k16, v16, lengths, k_new, v_new, tm, impl="cpu")
+  want = attend_unwritten_reference(q, k16.astype(jnp.float32), v16.astype(jnp.float32), lengths,
+                                    k_new, v_new, tm)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5)
+
+
+@needs_cpu_kernel
 def test_cpu_kernel_reads_no_key_past_a_rows_length():
   """Slots a row does not hold are NaN: the reference masks them after the product (NaN * 0 is
   NaN, so its output is NaN), the kernel never touches them and stays equal to the clean run."""
@@ -518,10 +546,11 @@ def test_cpu_impl_choice(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   monkeypatch.setattr(kernel_cpu, "available", lambda: True)
   assert choose_impl("auto", head_dim=64, dtype=jnp.float32, group=3) == "cpu"
-  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16, group=3) == "reference"
+  assert choose_impl("auto", head_dim=64, dtype=jnp.bfloat16, group=3) == "cpu"
+  assert choose_impl("auto", head_dim=64, dtype=jnp.float16, group=3) == "reference"
   assert choose_impl("auto", head_dim=80, dtype=jnp.float32) == "reference"
-  with pytest.raises(ValueError, match="bfloat16.*impl='auto'"):
-    choose_impl("cpu", head_dim=64, dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match="float16.*impl='auto'"):
+    choose_impl("cpu", head_dim=64, dtype=jnp.float16)
   mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
   with jax.set_mesh(mesh):
     assert choose_impl("auto", head_dim=64, dtype=jnp.float32) == "reference"
