@@ -19,7 +19,7 @@ from flax import nnx
 
 from jspec import sharding
 from jspec.sampling import SamplingParams, sample
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, storage_dtype
 from models.llama import Llama
 
 
@@ -239,7 +239,8 @@ class Decoder:
     b = len(prompts)
     params = SamplingParams.make(b, temperature, top_k, top_p)
     buffer_len = int(max_new.max())
-    cache = KVCache.init(self.config, b, tokens.shape[1] + buffer_len, dtype=self.cache_dtype)
+    cache = KVCache.init(self.config, b, tokens.shape[1] + buffer_len,
+                         dtype=storage_dtype(self.cache_dtype))
     args_pre = (self.weights, cache, jnp.asarray(tokens), jnp.asarray(lens))
     eos_ids = self.eos_ids if eos else ()
     key = (b, tokens.shape[1], buffer_len, eos_ids)

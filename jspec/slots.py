@@ -30,7 +30,7 @@ from flax import nnx
 
 from jspec.decode import bucket
 from jspec.sampling import SamplingParams, sample
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, set_rows, storage_dtype
 from models.llama import Llama
 
 MIN_PROMPT_WIDTH = 64     # smallest prompt-width bucket of `admit` (fewer compiled programs)
@@ -105,7 +105,7 @@ def _admit(graphdef, weights, state: SlotState, slots, tokens, lens, max_new, se
   small = KVCache.init(model.config, a, p, dtype=state.cache.k[0].dtype)
   out = model.prefill(tokens, small, lens, taps=taps)
   rows, cols = slots[:, None], jnp.arange(p)[None, :]
-  put = lambda big, new: big.at[rows, cols].set(new.astype(big.dtype), mode="drop")
+  put = lambda big, new: set_rows(big, rows, cols, new)
   cache = KVCache(k=tuple(put(x, y) for x, y in zip(state.cache.k, out.cache.k)),
                   v=tuple(put(x, y) for x, y in zip(state.cache.v, out.cache.v)),
                   lengths=state.cache.lengths.at[slots].set(lens, mode="drop"))
@@ -196,7 +196,7 @@ class SlotDecoder:
 
   def _init_state(self) -> SlotState:
     b, n, cfg = self.slots, self.max_new_tokens, self.config
-    dtype = self.cache_dtype
+    dtype = storage_dtype(self.cache_dtype)
     k = len(self.taps)
     return SlotState(
         tokens=jnp.zeros((b, n), jnp.int32), num_generated=jnp.zeros((b,), jnp.int32),

@@ -17,7 +17,7 @@ from flax import nnx
 from jspec.decode import row_keys
 from jspec.engine import verify_with_extras
 from models.config import LlamaConfig
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, storage_dtype
 
 
 def measure_bandwidth(n_bytes: int = 1 << 29, repeats: int = 7) -> float:
@@ -46,7 +46,7 @@ class Point:
                t: int, context: int, max_len: int):
     self.key = dict(impl=impl, matmul_impl=matmul, batch_size=batch, tokens=t)
     self.graphdef, self.weights = graphdef, weights
-    dtype = nnx.merge(graphdef, weights).cache_dtype
+    dtype = storage_dtype(nnx.merge(graphdef, weights).cache_dtype)
     self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
     self.cache = KVCache.init(config, batch, max_len, dtype=dtype).with_lengths(self.lengths())
     self.tokens = jnp.ones((batch, t), jnp.int32)

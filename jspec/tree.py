@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from jspec.rejection import acceptance_probability, residual_distribution
 from jspec.sampling import SamplingParams, categorical, process_logits
+from models.kv_cache import set_rows
 
 NONE = jnp.iinfo(jnp.int32).max     # "no accepted child"
 
@@ -129,7 +130,7 @@ def compact(cache, start: jax.Array, path: jax.Array):
   rows = jnp.arange(b)[:, None]
   src = start[:, None] + path
   dst = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-  move = lambda x: x.at[rows, dst].set(x[rows, src], mode="drop")
+  move = lambda x: set_rows(x, rows, dst, x[rows, src])
   return dataclasses.replace(cache, k=tuple(move(k) for k in cache.k),
                              v=tuple(move(v) for v in cache.v))
 

@@ -13,6 +13,29 @@ import jax
 import jax.numpy as jnp
 
 from models.config import LlamaConfig
+from pallas_kernels.verify_attention.kernel_cpu import BF16_BITS, value_dtype
+
+
+# On XLA:CPU a bf16 cache is stored as its uint16 bits: XLA:CPU widens a bf16 scatter's whole
+# operand to float32 and back, and a bitcast of the buffer is a copy too (each a copy of the cache
+# per layer per step), while an integer scatter writes in place. The CPU attention kernel reads the
+# bits as bf16; `logical` gives the values. Targets' caches (`Llama.init_cache`) are held so.
+def storage_dtype(dtype) -> jnp.dtype:
+  """The dtype a cache of `dtype` is held in on this backend."""
+  dtype = jnp.dtype(dtype)
+  if dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+    return BF16_BITS
+  return dtype
+
+
+def set_rows(buf: jax.Array, rows: jax.Array, slots: jax.Array, new: jax.Array) -> jax.Array:
+  """buf.at[rows, slots].set(new) (new rounded to the cache's values), slots past the buffer
+  dropped; in place for bf16 caches held as bits too."""
+  if new.dtype != buf.dtype:   # values (a buffer's own entries, bits included, move as they are)
+    new = new.astype(value_dtype(buf.dtype))
+    if buf.dtype == BF16_BITS:
+      new = jax.lax.bitcast_convert_type(new, BF16_BITS)
+  return buf.at[rows, slots].set(new, mode="drop")
 
 
 @jax.tree_util.register_dataclass
@@ -51,6 +74,11 @@ class KVCache:
                    lengths=put(self.lengths, jax.sharding.PartitionSpec(rows)))
 
   @property
+  def dtype(self) -> jnp.dtype:
+    """The dtype of the values the cache holds (bf16 for a cache kept as bf16 bits)."""
+    return value_dtype(self.k[0].dtype)
+
+  @property
   def batch_size(self) -> int:
     return self.lengths.shape[0]
 
@@ -68,8 +96,8 @@ class KVCache:
     slots = self.lengths[:, None] + jnp.arange(t)[None, :]
     k = list(self.k)
     v = list(self.v)
-    k[layer] = k[layer].at[rows, slots].set(k_new.astype(k[layer].dtype), mode="drop")
-    v[layer] = v[layer].at[rows, slots].set(v_new.astype(v[layer].dtype), mode="drop")
+    k[layer] = set_rows(k[layer], rows, slots, k_new)
+    v[layer] = set_rows(v[layer], rows, slots, v_new)
     return dataclasses.replace(self, k=tuple(k), v=tuple(v))
 
   def write_block(self, k_new: tuple[jax.Array, ...], v_new: tuple[jax.Array, ...]) -> "KVCache":

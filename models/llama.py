@@ -16,7 +16,7 @@ from flax import nnx
 
 from models import cpu_gemm
 from models.config import LlamaConfig
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, storage_dtype
 from models.moe import MoE
 from models.stored_layers import StoredEmbed, StoredLinear
 from models.weight_formats import dequantize
@@ -109,7 +109,7 @@ class Attention(nnx.Module):
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
     if not write:   # the block's K/V as the cache will hold them, so both paths read the same
-      k, v = k.astype(cache.k[layer].dtype), v.astype(cache.v[layer].dtype)
+      k, v = k.astype(cache.dtype), v.astype(cache.dtype)
       out = attend_unwritten(q, cache.k[layer], cache.v[layer], cache.lengths, k, v, tree_mask,
                              impl=self.attention_impl)
       return self.o_proj(out.reshape(b, t, -1)), (k, v)
@@ -219,7 +219,7 @@ class Llama(nnx.Module):
     if positions is None:
       positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     # The reference path shares one [B, T, S] mask across layers; the kernels build their own.
-    impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.k[0].dtype,
+    impl = choose_impl(self.attention_impl, head_dim=self.config.head_dim, dtype=cache.dtype,
                        group=self.config.num_heads // self.config.num_kv_heads)
     mask = None
     if impl == "reference" and write_cache:
@@ -250,7 +250,7 @@ class Llama(nnx.Module):
 
   def init_cache(self, batch_size: int, max_len: int) -> KVCache:
     """An empty KV cache for this model in its `cache_dtype`."""
-    return KVCache.init(self.config, batch_size, max_len, dtype=self.cache_dtype)
+    return KVCache.init(self.config, batch_size, max_len, dtype=storage_dtype(self.cache_dtype))
 
   def prefill(self, tokens: jax.Array, cache: KVCache, prompt_lens: jax.Array, *,
               taps: Sequence[int] = (), chunk: int | None = None) -> ForwardOutput:

@@ -26,7 +26,7 @@ from flax import nnx
 from jspec import SpecDecoder, engine
 from jspec.io import atomic_write_text, check_writable
 from models.config import LlamaConfig
-from models.kv_cache import KVCache
+from models.kv_cache import KVCache, storage_dtype
 from models.llama import Llama
 from pallas_kernels.timing import device_time
 
@@ -43,7 +43,7 @@ class PlainStep:
 
   def __init__(self, model: Llama, batch: int, context: int, max_len: int, width: int = 1):
     self.graphdef, self.weights = nnx.split(model)
-    dtype = model.cache_dtype
+    dtype = storage_dtype(model.cache_dtype)
     self.lengths = lambda: jnp.full((batch,), context, jnp.int32)   # fresh: the cache is donated
     self.cache = KVCache.init(model.config, batch, max_len, dtype=dtype).with_lengths(
         self.lengths())

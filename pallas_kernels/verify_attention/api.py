@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels.verify_attention import kernel_cpu, kernel_tpu
+from pallas_kernels.verify_attention.kernel_cpu import logical, value_dtype
 from pallas_kernels.verify_attention import kernel_gpu as kern
 from pallas_kernels.verify_attention.paged_gpu import paged_verify_attention_kernel
 from pallas_kernels.verify_attention.reference import (attend_unwritten_reference,
@@ -91,8 +92,8 @@ def _check_inputs(q, k, v, lengths, tree_mask, kv_len: int) -> None:
   if hq % kvh:
     raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({kvh})")
   for name, x in (("q", q), ("k", k), ("v", v)):
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-      raise ValueError(f"{name} must be floating point, got {x.dtype}")
+    if not jnp.issubdtype(value_dtype(x.dtype), jnp.floating):
+      raise ValueError(f"{name} must be floating point (or bf16 bits), got {x.dtype}")
   if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
     raise ValueError(f"lengths must be an integer [B] = [{b}] array, got {lengths.dtype}"
                      f"{list(lengths.shape)}")
@@ -147,7 +148,10 @@ def verify_attention(q: jax.Array, k: jax.Array, v: jax.Array, lengths: jax.Arra
   if mask is not None and mask.shape != (q.shape[0], q.shape[1], k.shape[1]):
     raise ValueError(f"mask must be [B, T, S] = {(q.shape[0], q.shape[1], k.shape[1])}, "
                      f"got {mask.shape}")
-  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k.dtype, group=q.shape[2] // k.shape[2])
+  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=value_dtype(k.dtype),
+                       group=q.shape[2] // k.shape[2])
+  if chosen != "cpu":   # a bf16 cache held as bits (models.kv_cache): the values, for the others
+    k, v = logical(k), logical(v)
   if chosen == "reference":
     return verify_attention_reference(q, k, v, lengths, tree_mask, mask=mask)
   if chosen == "cpu":
@@ -175,8 +179,10 @@ def attend_unwritten(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, lengt
   if k_new.shape != q.shape[:2] + k_cache.shape[2:] or v_new.shape != k_new.shape:
     raise ValueError(f"k_new/v_new must be [B, T, KVH, Dh] = {q.shape[:2] + k_cache.shape[2:]}, "
                      f"got {k_new.shape} and {v_new.shape}")
-  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=k_cache.dtype,
+  chosen = choose_impl(impl, head_dim=q.shape[3], dtype=value_dtype(k_cache.dtype),
                        group=q.shape[2] // k_cache.shape[2])
+  if chosen != "cpu":
+    k_cache, v_cache = logical(k_cache), logical(v_cache)
   if chosen == "cpu":
     return kernel_cpu.attend_unwritten_kernel(q, k_cache, v_cache, lengths, k_new, v_new,
                                               tree_mask).astype(q.dtype)

@@ -507,7 +507,9 @@ ffi::Error Attend(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer 
   P.written = written != 0;
   P.scale = 1.f / std::sqrt(static_cast<float>(P.Dh));
   P.q = q.typed_data();
-  const bool bf16 = k.element_type() == ffi::DataType::BF16;
+  // a bf16 cache comes as BF16 or as its bits (U16: models.kv_cache holds it so on CPU)
+  const bool bf16 =
+      k.element_type() == ffi::DataType::BF16 || k.element_type() == ffi::DataType::U16;
   if (k.element_type() != v.element_type() ||
       !(bf16 || k.element_type() == ffi::DataType::F32))
     return ffi::Error::InvalidArgument("cpu attention: the cache must be float32 or bfloat16");

@@ -22,6 +22,20 @@ NAME = "jspec_cpu_attention"
 HEAD_DIMS = (16, 32, 64, 96, 128, 256)   # head dims the C++ instantiates (multiples of 8 lanes)
 MAX_GROUP = 32                           # query heads per KV head that fit one tile
 CACHE_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))   # the cache's; math is fp32
+BF16_BITS = jnp.dtype(jnp.uint16)   # a bf16 cache held as its bits (models.kv_cache.storage_dtype)
+
+
+def value_dtype(stored) -> jnp.dtype:
+  """The dtype of the values a cache buffer of dtype `stored` holds (bf16 for BF16_BITS)."""
+  return jnp.dtype(jnp.bfloat16) if jnp.dtype(stored) == BF16_BITS else jnp.dtype(stored)
+
+
+def logical(buf: jax.Array) -> jax.Array:
+  """A cache buffer as its values: bf16 bits bitcast to bf16 (a copy of the buffer on XLA:CPU, so
+  only the paths other than this kernel take it)."""
+  if buf.dtype == BF16_BITS:
+    return jax.lax.bitcast_convert_type(buf, jnp.bfloat16)
+  return buf
 
 
 def available() -> bool:
