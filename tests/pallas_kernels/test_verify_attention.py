@@ -478,19 +478,6 @@ def test_cpu_kernel_reads_a_bf16_cache_as_its_float32_values(b, t, g, kvh, s, dh
 
 
 @needs_cpu_kernel
-@pytest.mark.parametrize("tree", [False, True])
-def test_cpu_kernel_unwritten_block_beside_a_bf16_cache(tree):
-  q, k, v, lengths, tm = make_inputs(2, 5, 9, 3, 96, 64, [90, 13], tree=tree, seed=4)
-  rng = np.random.default_rng(8)
-  k_new, v_new = (jnp.asarray(rng.standard_normal((2, 5, 3, 64)), jnp.float32) for _ in range(2))
-  k16, v16 = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
-  out = attend_unwritten(q, k16, v16, lengths, k_new, v_new, tm, impl="cpu")
-  want = attend_unwritten_reference(q, k16.astype(jnp.float32), v16.astype(jnp.float32), lengths,
-                                    k_new, v_new, tm)
-  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5)
-
-
-@needs_cpu_kernel
 def test_cpu_kernel_reads_no_key_past_a_rows_length():
   """Slots a row does not hold are NaN: the reference masks them after the product (NaN * 0 is
   NaN, so its output is NaN), the kernel never touches them and stays equal to the clean run."""
@@ -506,11 +493,19 @@ def test_cpu_kernel_reads_no_key_past_a_rows_length():
 
 @needs_cpu_kernel
 @pytest.mark.parametrize("tree", [False, True])
-def test_cpu_kernel_unwritten_block_matches_the_reference(tree):
+@pytest.mark.parametrize("cache", ["f32", "bf16", "bf16 bits"])
+def test_cpu_kernel_unwritten_block_matches_the_reference(tree, cache):
+  """The block's fp32 keys beside a cache held in fp32, bf16, or bf16's uint16 bits (as
+  models.kv_cache holds a target's bf16 cache on CPU): the reference on the cache's values."""
   q, k, v, lengths, tm = make_inputs(2, 5, 9, 3, 96, 64, [90, 13], tree=tree, seed=2)
   rng = np.random.default_rng(7)
   k_new, v_new = (jnp.asarray(rng.standard_normal((2, 5, 3, 64)), jnp.float32) for _ in range(2))
-  out = attend_unwritten(q, k, v, lengths, k_new, v_new, tm, impl="cpu")
+  if cache != "f32":
+    k, v = k.astype(jnp.bfloat16), v.astype(jnp.bfloat16)
+  held = {"bf16 bits": lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)}.get(cache,
+                                                                               lambda x: x)
+  out = attend_unwritten(q, held(k), held(v), lengths, k_new, v_new, tm, impl="cpu")
+  k, v = k.astype(jnp.float32), v.astype(jnp.float32)
   want = attend_unwritten_reference(q, k, v, lengths, k_new, v_new, tm)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5)
 
