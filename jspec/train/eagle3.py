@@ -19,7 +19,8 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head, attach_target_rows
-from jspec.train.shared import Features, digest, shift, take_at, target_features, ttt_attend
+from jspec.train.shared import (Features, digest, mixed_precision, shift, take_at, target_features,
+                                ttt_attend)
 from models.llama import Llama
 
 
@@ -72,11 +73,11 @@ def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
   scale = head.config.head_dim ** -0.5
   pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
   a, kv0 = head.layer(head.fuse(taps), embed[take_at(tokens, pos + 1)], pos,
-                      ttt_attend([], None, scale))
+                      ttt_attend([], None, scale, head.dtype))
   outs, prev, feature = [take_at(a, anchors)], [kv0], take_at(a, anchors)
   for j in range(1, ttt_steps):
     a, kv = head.layer(feature, embed[take_at(tokens, anchors + 1 + j)], anchors + j,
-                       ttt_attend(prev, anchors, scale))
+                       ttt_attend(prev, anchors, scale, head.dtype))
     prev.append(kv)
     outs.append(a)
     feature = a
@@ -128,9 +129,11 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
 
 def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: int = 3,
                 decay: float = 0.8, seed: int = 0, lm_head: str = "own",
-                head: Eagle3Head | None = None):
+                head: Eagle3Head | None = None, compute_dtype=jnp.float32):
   """The EAGLE-3 `Task` for jspec.train.trainer: trainable = the head's Params; aux = the frozen
-  target and the head's draft vocabulary."""
+  target and the head's draft vocabulary. compute_dtype bfloat16: mixed precision (the float32
+  params are the optimiser's master copy; the head's products run in bfloat16 with float32
+  accumulation, norms, softmax and loss in float32)."""
   from jspec.train.trainer import Task
 
   if ttt_steps < 1:
@@ -138,6 +141,11 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
   head = head if head is not None else init_head(target, draft_ids, taps=taps, seed=seed,
                                                  lm_head=lm_head)
   graphdef, params, rest = nnx.split(head, nnx.Param, ...)
+  compute_dtype = jnp.dtype(compute_dtype)
+  if compute_dtype != head.dtype:   # the same module, its products in compute_dtype
+    mixed = Eagle3Head(head.config, dtype=compute_dtype)
+    mixed_precision(mixed, compute_dtype)
+    graphdef = nnx.split(mixed, nnx.Param, ...)[0]
   tgraph, tweights = nnx.split(target)
   taps = tuple(head.config.taps)
 
@@ -146,11 +154,12 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
     tgt = nnx.merge(tgraph, tweights)
     h = nnx.merge(graphdef, params, rest)
     feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...],
-                            batch.get("feats"))
+                            batch.get("feats"), dtype=compute_dtype)
     return ttt_loss(h, tgt.embed_table(), feats, batch["tokens"], batch["loss_mask"],
                     batch["length"], ttt_steps=ttt_steps, decay=decay)
 
   meta = dict(head=dataclasses.asdict(head.config), ttt_steps=ttt_steps, decay=decay,
+              compute_dtype=compute_dtype.name,
               draft_vocab_sha=digest(np.asarray(head.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +24,11 @@ class Features:
 
 
 def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
-                    draft_ids: jax.Array, cached: jax.Array | None = None) -> Features:
+                    draft_ids: jax.Array, cached: jax.Array | None = None,
+                    dtype=jnp.float32) -> Features:
   """Teacher-forced target pass over tokens [B, N] (no gradient), or the same read from a feature
-  cache: cached [B, N, K+1, H] holds the K taps and the final normed hidden state."""
+  cache: cached [B, N, K+1, H] holds the K taps and the final normed hidden state. dtype: the
+  operands of the draft-vocabulary logits product (accumulated in float32)."""
   cfg = target.config
   if cached is None:
     b, n = tokens.shape
@@ -35,33 +39,82 @@ def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
     cached = cached.astype(jnp.float32)
     hidden, final = tuple(cached[:, :, i] for i in range(len(taps))), cached[:, :, len(taps)]
   rows = target.head_rows(draft_ids)                                           # [Vd, H]
-  logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
+  logits = jnp.einsum("bnh,vh->bnv", final.astype(dtype), rows.astype(dtype),
                       preferred_element_type=jnp.float32)
   return jax.lax.stop_gradient(Features(hidden, logits))
 
 
-def ttt_attend(prev: list, anchors: jax.Array | None, scale: float):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _mixed_matmul(x, w, dtype):
+  return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _mixed_fwd(x, w, dtype):
+  return _mixed_matmul(x, w, dtype), (x, w)
+
+
+def _mixed_bwd(dtype, res, g):
+  x, w = res
+  g = g.astype(dtype)
+  dx = jnp.matmul(g, w.astype(dtype).T, preferred_element_type=jnp.float32)
+  dw = jnp.matmul(x.reshape(-1, x.shape[-1]).astype(dtype).T, g.reshape(-1, g.shape[-1]),
+                  preferred_element_type=jnp.float32)
+  return dx.astype(x.dtype), dw.astype(w.dtype)
+
+
+_mixed_matmul.defvjp(_mixed_fwd, _mixed_bwd)
+
+
+@dataclasses.dataclass(frozen=True)
+class MixedDot:
+  """`nnx.Linear(dot_general=...)` for mixed-precision training: x @ kernel with both operands in
+  `dtype` and float32 results, in the forward pass and in both products of the backward one (a
+  product with a bfloat16 result runs as a float32 one on XLA:CPU, at half the speed)."""
+  dtype: Any = jnp.bfloat16
+
+  def __call__(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+               **kwargs):
+    (lc, rc), (lb, rb) = dimension_numbers
+    if tuple(lc) == (lhs.ndim - 1,) and tuple(rc) == (0,) and not lb and not rb and rhs.ndim == 2:
+      return _mixed_matmul(lhs, rhs, jnp.dtype(self.dtype))
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                               preferred_element_type=preferred_element_type, **kwargs)
+
+
+def mixed_precision(module, dtype) -> None:
+  """Routes every `nnx.Linear` of `module` through `MixedDot(dtype)` (in place)."""
+  from flax import nnx
+  for _, m in nnx.iter_graph(module):
+    if isinstance(m, nnx.Linear):
+      m.dot_general = MixedDot(jnp.dtype(dtype))
+
+
+def ttt_attend(prev: list, anchors: jax.Array | None, scale: float, dtype=None):
   """Attention for TTT step j = len(prev); prev holds the (k, v) of steps 0 .. j-1. Step 0 runs
   over all N positions, causally. Steps j > 0 run over K anchors [B, K] (positions t): their
-  queries see step 0's keys at positions <= t and the keys of steps 1..j at the same anchor."""
+  queries see step 0's keys at positions <= t and the keys of steps 1..j at the same anchor.
+  dtype: the operands of its products (default q's), accumulated in float32."""
   def attend(q, k, v):
     b, m, hq, dh = q.shape
     kvh = k.shape[2]
-    qg = q.reshape(b, m, kvh, hq // kvh, dh).astype(jnp.float32)              # [B, M, KVH, G, Dh]
+    dt = dtype or q.dtype
+    qg = q.reshape(b, m, kvh, hq // kvh, dh)                                   # [B, M, KVH, G, Dh]
+    dot = lambda spec, x, y: jnp.einsum(spec, x.astype(dt), y.astype(dt),
+                                        preferred_element_type=jnp.float32)
     steps = prev + [(k, v)]
     k0, v0 = steps[0]
     n = k0.shape[1]
     t = jnp.broadcast_to(jnp.arange(m)[None], (b, m)) if anchors is None else anchors
     seen = jnp.arange(n)[None, None, :] <= t[:, :, None]                       # [B, M, N]
-    s0 = jnp.einsum("btkgd,bskd->bkgts", qg, k0.astype(jnp.float32)) * scale   # [B,KVH,G,M,N]
+    s0 = dot("btkgd,bskd->bkgts", qg, k0) * scale                              # [B,KVH,G,M,N]
     s0 = jnp.where(seen[:, None, None], s0, -jnp.inf)
-    diag = [jnp.einsum("btkgd,btkd->bkgt", qg, ki.astype(jnp.float32))[..., None] * scale
+    diag = [dot("btkgd,btkd->bkgt", qg, ki)[..., None] * scale
             for ki, _ in steps[1:]]                                            # [B,KVH,G,M,1]
     probs = jax.nn.softmax(jnp.concatenate([s0] + diag, axis=-1), axis=-1)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs[..., :n], v0.astype(jnp.float32))
+    out = dot("bkgts,bskd->btkgd", probs[..., :n], v0)
     for i, (_, vi) in enumerate(steps[1:]):
       out = out + jnp.einsum("bkgt,btkd->btkgd", probs[..., n + i], vi.astype(jnp.float32))
-    return out.reshape(b, m, hq, dh).astype(q.dtype), (k, v)
+    return out.reshape(b, m, hq, dh).astype(dt), (k, v)
   return attend
 
 

@@ -112,8 +112,9 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
   if mngr.latest_step() is not None:
     start = mngr.latest_step()
     saved = mngr.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-    if saved != json.loads(json.dumps(meta)):
-      diff = sorted(k for k in set(saved) | set(meta) if saved.get(k) != meta.get(k))
+    same = json.loads(json.dumps(meta))          # as saved: tuples become lists
+    if saved != same:
+      diff = sorted(k for k in set(saved) | set(same) if saved.get(k) != same.get(k))
       raise ValueError(f"{out_dir} holds checkpoints of another run (differs in {diff}); use "
                        "another output folder or the same settings to resume")
     restored = mngr.restore(start, args=ocp.args.Composite(
