@@ -142,17 +142,18 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
                                                  lm_head=lm_head)
   graphdef, params, rest = nnx.split(head, nnx.Param, ...)
   compute_dtype = jnp.dtype(compute_dtype)
-  if compute_dtype != head.dtype:   # the same module, its products in compute_dtype
+  train_graph = graphdef
+  if compute_dtype != head.dtype:   # the same module; its dtype sets the attention operands'
     mixed = Eagle3Head(head.config, dtype=compute_dtype)
     mixed_precision(mixed, compute_dtype)
-    graphdef = nnx.split(mixed, nnx.Param, ...)[0]
+    train_graph = nnx.split(mixed, nnx.Param, ...)[0]
   tgraph, tweights = nnx.split(target)
   taps = tuple(head.config.taps)
 
   def loss(params, aux, batch):
     tweights, rest = aux
     tgt = nnx.merge(tgraph, tweights)
-    h = nnx.merge(graphdef, params, rest)
+    h = nnx.merge(train_graph, params, rest)
     feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...],
                             batch.get("feats"), dtype=compute_dtype)
     return ttt_loss(h, tgt.embed_table(), feats, batch["tokens"], batch["loss_mask"],

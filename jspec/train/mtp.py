@@ -19,7 +19,8 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.mtp import MTPConfig, MTPModule
-from jspec.train.shared import digest, shift, take_at, ttt_attend
+from jspec.train.shared import (digest, mixed_matmul, shift, take_at, training_graphdef,
+                                ttt_attend)
 from models.kv_cache import KVCache
 from models.llama import Llama
 
@@ -41,10 +42,10 @@ class Features:
 
 
 def target_features(target: Llama, tokens: jax.Array, draft_ids: jax.Array,
-                    cached: jax.Array | None = None) -> Features:
+                    cached: jax.Array | None = None, dtype=jnp.float32) -> Features:
   """Teacher-forced target pass over tokens [B, N] (no gradient), or the same read from a feature
   cache (`jspec.train.features`): cached [B, N, K+1, H], whose last slot is the final normed
-  hidden state whatever taps it also holds."""
+  hidden state whatever taps it also holds. dtype: the operands of the logits product."""
   cfg = target.config
   if cached is None:
     b, n = tokens.shape
@@ -54,7 +55,7 @@ def target_features(target: Llama, tokens: jax.Array, draft_ids: jax.Array,
   else:
     final = cached[:, :, -1].astype(jnp.float32)
   rows = target.head_rows(draft_ids)                                          # [Vd, H]
-  logits = jnp.einsum("bnh,vh->bnv", final, rows.astype(final.dtype),
+  logits = jnp.einsum("bnh,vh->bnv", final.astype(dtype), rows.astype(dtype),
                       preferred_element_type=jnp.float32)
   return jax.lax.stop_gradient(Features(final, logits))
 
@@ -86,9 +87,10 @@ def step_weights(steps: int, beta: float) -> np.ndarray:
 
 def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: jax.Array,
              feats: Features, tokens: jax.Array, loss_mask: jax.Array, length: jax.Array, *,
-             steps: int, beta: float, max_anchors: int | None = None):
+             steps: int, beta: float, max_anchors: int | None = None, dtype=jnp.float32):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed, norm_scale and rows
-  (the LM head's draft-vocabulary rows [Vd, H]): the target's.
+  (the LM head's draft-vocabulary rows [Vd, H]): the target's. dtype: the operands of the
+  LM-head product (bfloat16: mixed precision, float32 results).
 
   Step k's prediction at anchor i is token i+k+1, labelled with the target's distribution at
   position i+k (restricted to the draft vocabulary and renormalised); it counts where that token
@@ -107,7 +109,8 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
   losses, accs, counts, accepted = [], [], [], []
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for k, normed in enumerate(outs, start=1):
-    logits = module.draft_logits(normed, rows)                                 # [B, M, Vd]
+    logits = (module.draft_logits(normed, rows) if jnp.dtype(dtype) == jnp.float32 else
+              mixed_matmul(normed, rows.T, dtype))                             # [B, M, Vd]
     label_logits = take_at(feats.target_logits, anchors + k)                       # position i+k
     w = take_at(labelled[k - 1], anchors).astype(jnp.float32)
     ce = -jnp.sum(jax.nn.softmax(label_logits, -1) * jax.nn.log_softmax(logits, -1), -1)
@@ -129,9 +132,10 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
 
 
 def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: float = 0.6,
-             seed: int = 0, module: MTPModule | None = None):
+             seed: int = 0, module: MTPModule | None = None, compute_dtype=jnp.float32):
   """The MTP `Task` for jspec.train.trainer: trainable = the module's Params; aux = the frozen
-  target and the module's draft vocabulary."""
+  target and the module's draft vocabulary. compute_dtype bfloat16: mixed precision (float32
+  params, products in bfloat16 with float32 results; `jspec.train.shared.MixedDot`)."""
   from jspec.train.trainer import Task
 
   if steps < 1:
@@ -141,19 +145,22 @@ def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: floa
   module = module if module is not None else init_module(target, draft_ids, seed=seed)
   module.config.check_target(target.config)
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  compute_dtype = jnp.dtype(compute_dtype)
+  train_graph = training_graphdef(module, compute_dtype)
   tgraph, tweights = nnx.split(target)
 
   def loss(params, aux, batch):
     tweights, rest = aux
     tgt = nnx.merge(tgraph, tweights)
-    mod = nnx.merge(graphdef, params, rest)
+    mod = nnx.merge(train_graph, params, rest)
     ids = mod.draft_to_target[...]
-    feats = target_features(tgt, batch["tokens"], ids, batch.get("feats"))
+    feats = target_features(tgt, batch["tokens"], ids, batch.get("feats"), dtype=compute_dtype)
     return mtp_loss(mod, tgt.embed_table(), tgt.norm.scale[...], tgt.head_rows(ids),
                     feats, batch["tokens"], batch["loss_mask"], batch["length"], steps=steps,
-                    beta=beta)
+                    beta=beta, dtype=compute_dtype)
 
   meta = dict(mtp=dataclasses.asdict(module.config), steps=steps, beta=beta,
+              compute_dtype=compute_dtype.name,
               draft_vocab_sha=digest(np.asarray(module.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))

@@ -45,12 +45,14 @@ def target_features(target: Llama, tokens: jax.Array, taps: tuple[int, ...],
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _mixed_matmul(x, w, dtype):
+def mixed_matmul(x, w, dtype):
+  """x [..., K] @ w [K, N] -> float32, both operands rounded to `dtype`; the backward products
+  also take `dtype` operands and give float32 results (then x's and w's dtypes)."""
   return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def _mixed_fwd(x, w, dtype):
-  return _mixed_matmul(x, w, dtype), (x, w)
+  return mixed_matmul(x, w, dtype), (x, w)
 
 
 def _mixed_bwd(dtype, res, g):
@@ -62,7 +64,7 @@ def _mixed_bwd(dtype, res, g):
   return dx.astype(x.dtype), dw.astype(w.dtype)
 
 
-_mixed_matmul.defvjp(_mixed_fwd, _mixed_bwd)
+mixed_matmul.defvjp(_mixed_fwd, _mixed_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ class MixedDot:
                **kwargs):
     (lc, rc), (lb, rb) = dimension_numbers
     if tuple(lc) == (lhs.ndim - 1,) and tuple(rc) == (0,) and not lb and not rb and rhs.ndim == 2:
-      return _mixed_matmul(lhs, rhs, jnp.dtype(self.dtype))
+      return mixed_matmul(lhs, rhs, jnp.dtype(self.dtype))
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                                preferred_element_type=preferred_element_type, **kwargs)
 
@@ -87,6 +89,18 @@ def mixed_precision(module, dtype) -> None:
   for _, m in nnx.iter_graph(module):
     if isinstance(m, nnx.Linear):
       m.dot_general = MixedDot(jnp.dtype(dtype))
+
+
+def training_graphdef(module, dtype):
+  """The graphdef a training loss merges its float32 params into: the module's own, or for a
+  lower `dtype` a copy whose Linear products run in mixed precision (`MixedDot`); the module
+  itself (exported after training) is left as it is."""
+  from flax import nnx
+  if jnp.dtype(dtype) == jnp.float32:
+    return nnx.split(module, nnx.Param, ...)[0]
+  copy = nnx.clone(module)
+  mixed_precision(copy, dtype)
+  return nnx.split(copy, nnx.Param, ...)[0]
 
 
 def ttt_attend(prev: list, anchors: jax.Array | None, scale: float, dtype=None):

@@ -15,8 +15,10 @@ from jspec import SpecDecoder
 from jspec.drafters.shared import cache_attend
 from jspec.drafters.mtp import MTPDrafter
 from jspec.train import features, mtp, trainer
+from jspec.train.shared import MixedDot
 from jspec.train.shards import TokenShards
 from models import KVCache, Llama, LlamaConfig
+from tests.jspec.train.mixed import check_mixed_matches_float32
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 
 CFG = LlamaConfig.tiny(vocab_size=64, num_layers=3)
@@ -169,6 +171,19 @@ def test_resume_reproduces_the_uninterrupted_run(target, data_dir, trained, tmp_
   with pytest.raises(ValueError, match="checkpoints of another run"):
     trainer.train(mtp.mtp_task(target, IDS, steps=2), data, run, _config(), progress=False,
                   features=feats)
+
+
+def test_mixed_precision_training_matches_float32_and_keeps_float32_results(target, data_dir):
+  from jspec.train.loader import heldout_batches
+  data, feats, _ = data_dir
+  batch = {k: jnp.asarray(v) for k, v in heldout_batches(data, seq_len=SEQ, batch_size=4,
+                                                         holdout=8, features=feats)[0].items()}
+  check_mixed_matches_float32(lambda dt: mtp.mtp_task(target, IDS, seed=2, compute_dtype=dt),
+                              batch, min_products=20)
+  task = mtp.mtp_task(target, IDS, compute_dtype=jnp.bfloat16)
+  module = task.module(task.params)
+  assert all(m.dot_general != mixed for m in [module.eh_proj, module.block.mlp.down_proj]
+             for mixed in [MixedDot(jnp.bfloat16)])      # the export is the float32 module
 
 
 def test_bad_settings_fail_early(target):
