@@ -356,7 +356,8 @@ def _cmd_block(args, kind: str) -> None:
                              taps=_ints(args.taps, "--taps"), markov_rank=args.markov_rank,
                              markov_gated=args.markov_gated,
                              sliding_window=args.sliding_window, gamma=args.gamma,
-                             max_anchors=args.max_anchors, seed=args.seed)
+                             max_anchors=args.max_anchors, seed=args.seed,
+                             compute_dtype=COMPUTE_DTYPES[args.compute_dtype])
 
   def prepare(target, folder, cfg, task):
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
@@ -629,6 +630,7 @@ def add_parser(sub, default_model: str) -> None:
                    help="a block query at position p sees context positions > p - W (0: all)")
     b.add_argument("--markov-rank", type=int, default=256, help="DSpark's Markov head rank")
     b.add_argument("--markov-gated", action="store_true", help="DSpark's gated Markov head")
+    _compute_dtype_flag(b)
     b.add_argument("--cache-features", action="store_true",
                    help="compute the target's taps once into OUT/features")
     b.add_argument("--features", default=None,

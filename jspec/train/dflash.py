@@ -25,7 +25,8 @@ from flax import nnx
 
 from jspec.drafters.dflash import DFlashConfig, DFlashModule
 from jspec.drafters.dspark import DSparkModule
-from jspec.train.shared import digest, take_at, target_features
+from jspec.train.shared import (digest, mixed_matmul, take_at, target_features,
+                                training_graphdef)
 from models.llama import Llama
 
 
@@ -121,12 +122,14 @@ def slot_weights(num: int, gamma: float) -> np.ndarray:
 
 def block_loss(module, embed: jax.Array, rows: jax.Array, taps, target_logits: jax.Array,
                tokens: jax.Array, loss_mask: jax.Array, length: jax.Array, key: jax.Array, *,
-               gamma: float, max_anchors: int, weights=(0.1, 0.9, 1.0), outputs: bool = False):
+               gamma: float, max_anchors: int, weights=(0.1, 0.9, 1.0), outputs: bool = False,
+               dtype=jnp.float32):
   """Returns (loss, metrics) for a DFlashModule or DSparkModule. rows: the target's LM-head rows of
   the draft vocabulary [Vd, H]; target_logits [B, N, Vd] the target's logits there (position i
   predicts token i+1); tokens / loss_mask [B, N], length [B]. weights: DSpark's (CE, L1, BCE).
   outputs: also return {"hit", "w", "confidence" (DSpark's logits)}, each [B, M, D], for the
-  confidence calibration."""
+  confidence calibration. dtype: the operands of the LM-head product (bfloat16: mixed precision,
+  float32 results)."""
   dspark = isinstance(module, DSparkModule)
   backbone = module.backbone if dspark else module
   cfg = backbone.config
@@ -148,7 +151,8 @@ def block_loss(module, embed: jax.Array, rows: jax.Array, taps, target_logits: j
   w = (used[:, :, None] & (lab_pos < length[:, None, None]) & (lab_pos < n)
        & (take_at(loss_mask, flat(lab_pos)).reshape(lab_pos.shape) > 0) & in_vocab[labels])
   w = w.astype(jnp.float32)
-  logits = backbone.draft_logits(h, rows)                                      # [B, M, D, Vd]
+  logits = (backbone.draft_logits(h, rows) if jnp.dtype(dtype) == jnp.float32 else
+            mixed_matmul(h, rows.T, dtype))                                    # [B, M, D, Vd]
   p_t = jax.nn.softmax(take_at(target_logits, flat(lab_pos - 1)).reshape(logits.shape), -1)
   if dspark:
     prev = module.draft_index(take_at(tokens, flat(lab_pos - 1)).reshape(lab_pos.shape))
@@ -196,9 +200,10 @@ def batch_key(tokens: jax.Array, seed: int) -> jax.Array:
 def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: int = 1,
                block_size: int = 8, mask_token_id: int = 0, taps=None, markov_rank: int = 256,
                markov_gated: bool = False, sliding_window: int = 0, gamma: float = 4.0,
-               max_anchors: int = 64, seed: int = 0, module=None):
+               max_anchors: int = 64, seed: int = 0, module=None, compute_dtype=jnp.float32):
   """The DFlash / DSpark `Task` for jspec.train.trainer: trainable = the module's Params; aux = the
-  frozen target and the module's draft vocabulary."""
+  frozen target and the module's draft vocabulary. compute_dtype bfloat16: mixed precision
+  (float32 params, products in bfloat16 with float32 results; `jspec.train.shared.MixedDot`)."""
   from jspec.train.trainer import Task
 
   if kind not in ("dflash", "dspark"):
@@ -214,21 +219,25 @@ def block_task(target: Llama, draft_ids: np.ndarray, kind: str, *, num_layers: i
   cfg = module.config
   cfg.check_target(target.config, kind)
   graphdef, params, rest = nnx.split(module, nnx.Param, ...)
+  compute_dtype = jnp.dtype(compute_dtype)
+  train_graph = training_graphdef(module, compute_dtype)
   tgraph, tweights = nnx.split(target)
   taps = tuple(cfg.taps)
 
   def loss(params, aux, batch):
     tweights, rest = aux
     tgt = nnx.merge(tgraph, tweights)
-    mod = nnx.merge(graphdef, params, rest)
+    mod = nnx.merge(train_graph, params, rest)
     ids = (mod.backbone if kind == "dspark" else mod).draft_to_target[...]
     tokens = batch["tokens"]
-    feats = target_features(tgt, tokens, taps, ids, batch.get("feats"))
+    feats = target_features(tgt, tokens, taps, ids, batch.get("feats"), dtype=compute_dtype)
     return block_loss(mod, tgt.embed_table(), tgt.head_rows(ids), feats.taps,
                       feats.target_logits, tokens, batch["loss_mask"], batch["length"],
-                      batch_key(tokens, seed), gamma=gamma, max_anchors=max_anchors)
+                      batch_key(tokens, seed), gamma=gamma, max_anchors=max_anchors,
+                      dtype=compute_dtype)
 
   meta = dict(head=dataclasses.asdict(cfg), gamma=gamma, max_anchors=max_anchors,
+              compute_dtype=compute_dtype.name,
               draft_vocab_sha=digest(np.asarray(draft_ids)),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))

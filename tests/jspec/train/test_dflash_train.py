@@ -14,6 +14,7 @@ from flax import nnx
 from jspec import SpecDecoder
 from jspec.train import dflash, features, trainer
 from models import Llama, LlamaConfig
+from tests.jspec.train.mixed import check_mixed_matches_float32
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 
 CFG = LlamaConfig.tiny(vocab_size=64, num_layers=3)
@@ -136,3 +137,15 @@ def test_bad_settings_fail_early(target):
     dflash.block_task(target, IDS, "eagle")
   with pytest.raises(ValueError, match="block_size must be >= 2"):
     dflash.block_task(target, IDS, "dflash", block_size=1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mixed_precision_training_matches_float32_and_keeps_float32_results(target, data_dir,
+                                                                            kind):
+  from jspec.train.loader import heldout_batches
+  data, feats = data_dir[0], data_dir[1]
+  batch = {k: jnp.asarray(v) for k, v in heldout_batches(data, seq_len=SEQ, batch_size=4,
+                                                         holdout=8, features=feats)[0].items()}
+  check_mixed_matches_float32(
+      lambda dt: dflash.block_task(target, IDS, kind, max_anchors=8, seed=2, compute_dtype=dt),
+      batch, min_products=12)
