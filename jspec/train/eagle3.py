@@ -19,8 +19,8 @@ import numpy as np
 from flax import nnx
 
 from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head, attach_target_rows
-from jspec.train.shared import (Features, digest, mixed_precision, shift, take_at, target_features,
-                                ttt_attend)
+from jspec.train.shared import (Features, digest, shift, take_at, target_features,
+                                training_graphdef, ttt_attend)
 from models.llama import Llama
 
 
@@ -66,18 +66,20 @@ def init_head(target: Llama, ids: np.ndarray, *, taps=None, seed: int = 0, lm_he
 
 
 def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
-                tokens: jax.Array, anchors: jax.Array, ttt_steps: int) -> list[jax.Array]:
+                tokens: jax.Array, anchors: jax.Array, ttt_steps: int,
+                dtype=None) -> list[jax.Array]:
   """The head's outputs [B, K, H] per TTT step at anchors [B, K]: step j's output at anchor t
-  predicts token t+2+j (step 0 runs over every position, as the later steps attend to it)."""
+  predicts token t+2+j (step 0 runs over every position, as the later steps attend to it).
+  dtype: the operands of the attention products (default the activations')."""
   b, n = tokens.shape
   scale = head.config.head_dim ** -0.5
   pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
   a, kv0 = head.layer(head.fuse(taps), embed[take_at(tokens, pos + 1)], pos,
-                      ttt_attend([], None, scale, head.dtype))
+                      ttt_attend([], None, scale, dtype))
   outs, prev, feature = [take_at(a, anchors)], [kv0], take_at(a, anchors)
   for j in range(1, ttt_steps):
     a, kv = head.layer(feature, embed[take_at(tokens, anchors + 1 + j)], anchors + j,
-                       ttt_attend(prev, anchors, scale, head.dtype))
+                       ttt_attend(prev, anchors, scale, dtype))
     prev.append(kv)
     outs.append(a)
     feature = a
@@ -86,7 +88,7 @@ def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
 
 def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Array,
              loss_mask: jax.Array, length: jax.Array, *, ttt_steps: int, decay: float,
-             max_anchors: int | None = None):
+             max_anchors: int | None = None, dtype=None):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed: the target's [V, H].
 
   Step j's prediction at anchor t is token t+2+j, labelled with the target's distribution at
@@ -102,7 +104,7 @@ def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Ar
   k = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n - 1)[0])(
       jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, K]
-  outs = ttt_forward(head, embed, feats.taps, tokens, anchors, ttt_steps)
+  outs = ttt_forward(head, embed, feats.taps, tokens, anchors, ttt_steps, dtype)
   losses, accs, counts, accepted = [], [], [], []
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for j, a in enumerate(outs):
@@ -142,11 +144,7 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
                                                  lm_head=lm_head)
   graphdef, params, rest = nnx.split(head, nnx.Param, ...)
   compute_dtype = jnp.dtype(compute_dtype)
-  train_graph = graphdef
-  if compute_dtype != head.dtype:   # the same module; its dtype sets the attention operands'
-    mixed = Eagle3Head(head.config, dtype=compute_dtype)
-    mixed_precision(mixed, compute_dtype)
-    train_graph = nnx.split(mixed, nnx.Param, ...)[0]
+  train_graph = training_graphdef(head, compute_dtype)
   tgraph, tweights = nnx.split(target)
   taps = tuple(head.config.taps)
 
@@ -157,7 +155,7 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
     feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...],
                             batch.get("feats"), dtype=compute_dtype)
     return ttt_loss(h, tgt.embed_table(), feats, batch["tokens"], batch["loss_mask"],
-                    batch["length"], ttt_steps=ttt_steps, decay=decay)
+                    batch["length"], ttt_steps=ttt_steps, decay=decay, dtype=compute_dtype)
 
   meta = dict(head=dataclasses.asdict(head.config), ttt_steps=ttt_steps, decay=decay,
               compute_dtype=compute_dtype.name,

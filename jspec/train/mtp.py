@@ -61,18 +61,21 @@ def target_features(target: Llama, tokens: jax.Array, draft_ids: jax.Array,
 
 
 def mtp_forward(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, final: jax.Array,
-                tokens: jax.Array, anchors: jax.Array, steps: int) -> list[jax.Array]:
+                tokens: jax.Array, anchors: jax.Array, steps: int,
+                dtype=None) -> list[jax.Array]:
   """The module's normed outputs [B, K, H] per step at anchors [B, K]: step k's output at anchor
-  i predicts token i+k+1 (step 1 runs over every position, as the later steps attend to it)."""
+  i predicts token i+k+1 (step 1 runs over every position, as the later steps attend to it).
+  dtype: the operands of the attention products (default the activations')."""
   b, n = tokens.shape
   scale = module.config.head_dim ** -0.5
   pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
-  a, kv1 = module(final, embed[take_at(tokens, pos + 1)], pos, ttt_attend([], None, scale))
+  a, kv1 = module(final, embed[take_at(tokens, pos + 1)], pos,
+                  ttt_attend([], None, scale, dtype))
   prev = module.shared_norm(take_at(a, anchors), norm_scale)
   outs, kvs = [prev], [kv1]
   for k in range(2, steps + 1):
     a, kv = module(prev, embed[take_at(tokens, anchors + k)], anchors + k - 1,
-                   ttt_attend(kvs, anchors, scale))
+                   ttt_attend(kvs, anchors, scale, dtype))
     kvs.append(kv)
     prev = module.shared_norm(a, norm_scale)
     outs.append(prev)
@@ -90,7 +93,7 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
              steps: int, beta: float, max_anchors: int | None = None, dtype=jnp.float32):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed, norm_scale and rows
   (the LM head's draft-vocabulary rows [Vd, H]): the target's. dtype: the operands of the
-  LM-head product (bfloat16: mixed precision, float32 results).
+  LM-head and attention products (bfloat16: mixed precision, float32 results).
 
   Step k's prediction at anchor i is token i+k+1, labelled with the target's distribution at
   position i+k (restricted to the draft vocabulary and renormalised); it counts where that token
@@ -105,12 +108,14 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
   m = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda x: jnp.nonzero(x, size=m, fill_value=n - 1)[0])(
       jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, M]
-  outs = mtp_forward(module, embed, norm_scale, feats.final, tokens, anchors, steps)
+  mixed = jnp.dtype(dtype) != jnp.float32
+  outs = mtp_forward(module, embed, norm_scale, feats.final, tokens, anchors, steps,
+                     dtype if mixed else None)
   losses, accs, counts, accepted = [], [], [], []
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for k, normed in enumerate(outs, start=1):
-    logits = (module.draft_logits(normed, rows) if jnp.dtype(dtype) == jnp.float32 else
-              mixed_matmul(normed, rows.T, dtype))                             # [B, M, Vd]
+    logits = (mixed_matmul(normed, rows.T, dtype) if mixed else
+              module.draft_logits(normed, rows))                               # [B, M, Vd]
     label_logits = take_at(feats.target_logits, anchors + k)                       # position i+k
     w = take_at(labelled[k - 1], anchors).astype(jnp.float32)
     ce = -jnp.sum(jax.nn.softmax(label_logits, -1) * jax.nn.log_softmax(logits, -1), -1)

@@ -83,23 +83,17 @@ class MixedDot:
                                preferred_element_type=preferred_element_type, **kwargs)
 
 
-def mixed_precision(module, dtype) -> None:
-  """Routes every `nnx.Linear` of `module` through `MixedDot(dtype)` (in place)."""
-  from flax import nnx
-  for _, m in nnx.iter_graph(module):
-    if isinstance(m, nnx.Linear):
-      m.dot_general = MixedDot(jnp.dtype(dtype))
-
-
 def training_graphdef(module, dtype):
   """The graphdef a training loss merges its float32 params into: the module's own, or for a
-  lower `dtype` a copy whose Linear products run in mixed precision (`MixedDot`); the module
+  lower `dtype` a copy whose every `nnx.Linear` runs through `MixedDot(dtype)`; the module
   itself (exported after training) is left as it is."""
   from flax import nnx
   if jnp.dtype(dtype) == jnp.float32:
     return nnx.split(module, nnx.Param, ...)[0]
   copy = nnx.clone(module)
-  mixed_precision(copy, dtype)
+  for _, m in nnx.iter_graph(copy):
+    if isinstance(m, nnx.Linear):
+      m.dot_general = MixedDot(jnp.dtype(dtype))
   return nnx.split(copy, nnx.Param, ...)[0]
 
 
