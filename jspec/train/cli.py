@@ -94,7 +94,8 @@ def _train(args, weights: str, validate, make_task, prepare_features, save,
     cfg = trainer.TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len,
                               lr=args.lr, warmup=args.warmup, save_every=args.save_every,
                               keep=args.keep, eval_every=args.eval_every, holdout=args.holdout,
-                              seed=args.seed, reply_windows=args.reply_windows)
+                              seed=args.seed, reply_windows=args.reply_windows,
+                              pack=getattr(args, "pack", False))
     validate()
     if args.vocab_coverage is not None and not 0 < args.vocab_coverage <= 1:
       raise ValueError(f"--vocab-coverage is a share in (0, 1], got {args.vocab_coverage}")
@@ -519,6 +520,9 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--eval-every", type=int, default=200)
   e.add_argument("--holdout", type=int, default=32)
   _reply_windows_flag(e)
+  e.add_argument("--pack", action="store_true",
+                 help="pack several conversations into each row (kept apart in attention, "
+                      "labels and positions): no padding, about 1.5x the labels per step")
   e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   _compute_dtype_flag(e)
   e.add_argument("--cache-features", action="store_true",

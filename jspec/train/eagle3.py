@@ -66,20 +66,23 @@ def init_head(target: Llama, ids: np.ndarray, *, taps=None, seed: int = 0, lm_he
 
 
 def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
-                tokens: jax.Array, anchors: jax.Array, ttt_steps: int,
-                dtype=None) -> list[jax.Array]:
+                tokens: jax.Array, anchors: jax.Array, ttt_steps: int, dtype=None,
+                segments: jax.Array | None = None,
+                positions: jax.Array | None = None) -> list[jax.Array]:
   """The head's outputs [B, K, H] per TTT step at anchors [B, K]: step j's output at anchor t
   predicts token t+2+j (step 0 runs over every position, as the later steps attend to it).
-  dtype: the operands of the attention products (default the activations')."""
+  dtype: the operands of the attention products (default the activations'). segments and
+  positions [B, N]: a packed row's sequences (`jspec.train.shards.PackedRows`), kept apart."""
   b, n = tokens.shape
   scale = head.config.head_dim ** -0.5
-  pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
-  a, kv0 = head.layer(head.fuse(taps), embed[take_at(tokens, pos + 1)], pos,
-                      ttt_attend([], None, scale, dtype))
+  idx = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
+  pos = idx if positions is None else positions
+  a, kv0 = head.layer(head.fuse(taps), embed[take_at(tokens, idx + 1)], pos,
+                      ttt_attend([], None, scale, dtype, segments))
   outs, prev, feature = [take_at(a, anchors)], [kv0], take_at(a, anchors)
   for j in range(1, ttt_steps):
-    a, kv = head.layer(feature, embed[take_at(tokens, anchors + 1 + j)], anchors + j,
-                       ttt_attend(prev, anchors, scale, dtype))
+    a, kv = head.layer(feature, embed[take_at(tokens, anchors + 1 + j)], take_at(pos, anchors) + j,
+                       ttt_attend(prev, anchors, scale, dtype, segments))
     prev.append(kv)
     outs.append(a)
     feature = a
@@ -88,23 +91,29 @@ def ttt_forward(head: Eagle3Head, embed: jax.Array, taps: tuple[jax.Array, ...],
 
 def ttt_loss(head: Eagle3Head, embed: jax.Array, feats: Features, tokens: jax.Array,
              loss_mask: jax.Array, length: jax.Array, *, ttt_steps: int, decay: float,
-             max_anchors: int | None = None, dtype=None):
+             max_anchors: int | None = None, dtype=None, segments: jax.Array | None = None,
+             positions: jax.Array | None = None):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed: the target's [V, H].
 
   Step j's prediction at anchor t is token t+2+j, labelled with the target's distribution at
   position t+1+j (restricted to the draft vocabulary and renormalised); it counts where that
   token is a reply token inside the sequence and in the draft vocabulary. Only anchors with a
-  label at some step are computed past step 0: the first `max_anchors` per row (default N/2)."""
+  label at some step are computed past step 0: the first `max_anchors` per row (default N/2).
+  dtype: the attention products' operands (`ttt_forward`). segments / positions [B, N]: a packed
+  row's sequences (labels never cross them); without them a row is one sequence of `length`
+  tokens."""
   b, n = tokens.shape
   cfg = head.config
   in_vocab = jnp.zeros((cfg.vocab_size,), bool).at[head.draft_to_target[...]].set(True)
   pos = jnp.arange(n)[None, :]
-  labelled = [((pos + 2 + j) < length[:, None]) & (shift(loss_mask, 2 + j) > 0)
+  seg = (pos < length[:, None]).astype(jnp.int32) if segments is None else segments
+  labelled = [(shift(seg, 2 + j) == seg) & (seg > 0) & (shift(loss_mask, 2 + j) > 0)
               & in_vocab[shift(tokens, 2 + j)] for j in range(ttt_steps)]     # [B, N] each
   k = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n - 1)[0])(
       jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, K]
-  outs = ttt_forward(head, embed, feats.taps, tokens, anchors, ttt_steps, dtype)
+  outs = ttt_forward(head, embed, feats.taps, tokens, anchors, ttt_steps, dtype, segments,
+                     positions)
   losses, accs, counts, accepted = [], [], [], []
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for j, a in enumerate(outs):
@@ -155,14 +164,16 @@ def eagle3_task(target: Llama, draft_ids: np.ndarray, *, taps=None, ttt_steps: i
     feats = target_features(tgt, batch["tokens"], taps, h.draft_to_target[...],
                             batch.get("feats"), dtype=compute_dtype)
     return ttt_loss(h, tgt.embed_table(), feats, batch["tokens"], batch["loss_mask"],
-                    batch["length"], ttt_steps=ttt_steps, decay=decay, dtype=compute_dtype)
+                    batch["length"], ttt_steps=ttt_steps, decay=decay, dtype=compute_dtype,
+                    segments=batch.get("segments"), positions=batch.get("positions"))
 
   meta = dict(head=dataclasses.asdict(head.config), ttt_steps=ttt_steps, decay=decay,
               compute_dtype=compute_dtype.name,
               draft_vocab_sha=digest(np.asarray(head.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))
-  task = Task(name="eagle3", params=params, aux=(tweights, rest), loss=loss, meta=meta)
+  task = Task(name="eagle3", params=params, aux=(tweights, rest), loss=loss, meta=meta,
+              packs=True)
   task.module = lambda p: nnx.merge(graphdef, p, rest)
   return task
 

@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from jspec.train.shards import ReplyWindows, TokenShards
+from jspec.train.shards import PackedRows, ReplyWindows, TokenShards
 from jspec.train.features import FeatureShards
 
 HOLDOUT_SEED = 12345   # the fixed permutation that sets held-out sequences aside
@@ -19,32 +19,37 @@ def _source(data_dir: str, seq_len: int, features: str | None):
   return FeatureShards(data_dir, seq_len, features)
 
 
-def _split(source, holdout: int, windows: bool = False):
+def _split(source, holdout: int, windows: bool = False, pack: bool = False):
   """(training MapDataset, held-out items): `holdout` sequences of a fixed permutation are held
   out (their first seq_len tokens); the rest train, as whole-sequence windows (`ReplyWindows`)
-  when `windows`, else their first seq_len tokens."""
+  when `windows`, packed several to a row (`PackedRows`) when `pack`, else their first seq_len
+  tokens."""
   import grain
   if holdout < 0 or holdout >= len(source):
     raise ValueError(f"holdout must be in [0, {len(source)}) sequences, got {holdout}")
+  if windows and pack:
+    raise ValueError("reply windows and packing do not combine; choose one")
   perm = grain.MapDataset.source(source).shuffle(seed=HOLDOUT_SEED)
   held = [perm[i] for i in range(holdout)]
-  if not windows:
+  if not (windows or pack):
     return perm[holdout:], held
   # the same permutation of the sequence ids (grain's shuffle depends only on length and seed)
   order = grain.MapDataset.source(range(len(source))).shuffle(seed=HOLDOUT_SEED)
-  return grain.MapDataset.source(
-      ReplyWindows(source, [order[i] for i in range(holdout, len(source))])), held
+  train = [order[i] for i in range(holdout, len(source))]
+  rows = PackedRows(source, train) if pack else ReplyWindows(source, train)
+  return grain.MapDataset.source(rows), held
 
 
 def make_dataset(data_dir: str, *, seq_len: int, batch_size: int, seed: int,
                  num_epochs: int | None = None, holdout: int = 0, features: str | None = None,
-                 windows: bool = False):
+                 windows: bool = False, pack: bool = False):
   """grain.MapDataset: TokenShards minus `holdout` held-out sequences (as `ReplyWindows` when
-  `windows`, so every reply token is labelled) -> shuffle(seed; reshuffled each epoch) ->
+  `windows`, so every reply token is labelled; as `PackedRows` when `pack`) -> shuffle(seed;
+  reshuffled each epoch) ->
   repeat(num_epochs; None = forever) -> batch(batch_size, drop_remainder=True).
   Batches are dicts of stacked arrays: tokens [B, seq_len], loss_mask [B, seq_len], length [B]
   (and feats [B, seq_len, K+1, H] from a feature cache folder, jspec.train.features)."""
-  train, _ = _split(_source(data_dir, seq_len, features), holdout, windows)
+  train, _ = _split(_source(data_dir, seq_len, features), holdout, windows, pack)
   if len(train) < batch_size:
     raise ValueError(f"{data_dir} has {len(train)} training items (after holding out "
                      f"{holdout} sequences), fewer than batch_size={batch_size}; regenerate more "
@@ -62,14 +67,15 @@ def heldout_batches(data_dir: str, *, seq_len: int, batch_size: int,
 
 def make_iterator(data_dir: str, *, seq_len: int, batch_size: int, seed: int,
                   num_epochs: int | None = None, holdout: int = 0, features: str | None = None,
-                  windows: bool = False, num_threads: int = 2, prefetch: int = 8):
+                  windows: bool = False, pack: bool = False, num_threads: int = 2,
+                  prefetch: int = 8):
   """A grain DatasetIterator over `make_dataset(...)`. Its state is `it.get_state()` (a small
   JSON dict) and `it.set_state(state)` restores it; orbax checkpoints it directly with
   `grain.checkpoint.CheckpointSave(it)` / `CheckpointRestore(it)` in a `CheckpointManager`."""
   import grain
   ds = make_dataset(data_dir, seq_len=seq_len, batch_size=batch_size, seed=seed,
                     num_epochs=num_epochs, holdout=holdout, features=features,
-                    windows=windows)
+                    windows=windows, pack=pack)
   return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=num_threads,
                                                    prefetch_buffer_size=prefetch)))
 

@@ -259,6 +259,77 @@ class ReplyWindows:
     return f"ReplyWindows({self.source!r}, windows={len(self)})"
 
 
+def pack_rows(lengths: np.ndarray, labels: np.ndarray, seq_len: int,
+              label_budget: int, min_room: int = 16) -> list[list[int]]:
+  """First-fit decreasing: indices into `lengths` grouped into rows of at most seq_len tokens and
+  at most label_budget labels (`labels`, per sequence) each; a sequence over either limit gets a
+  row of its own. A row with fewer than min_room tokens left takes no more (so the search stays
+  short). Deterministic (ties kept in index order)."""
+  order = np.lexsort((np.arange(len(lengths)), -np.asarray(lengths)))
+  rows, room, budget, open_rows = [], [], [], []
+  for i in order:
+    n, lab = int(lengths[i]), int(labels[i])
+    for r in open_rows:
+      if room[r] >= n and budget[r] >= lab:
+        break
+    else:
+      r = len(rows)
+      rows.append([])
+      room.append(seq_len)
+      budget.append(label_budget)
+      open_rows.append(r)
+    rows[r].append(int(i))
+    room[r] -= n
+    budget[r] -= lab
+    if room[r] < min_room or budget[r] <= 0:
+      open_rows.remove(r)
+  return rows
+
+
+class PackedRows:
+  """A grain data source: several sequences of a TokenShards (each its first seq_len tokens, as
+  unpacked) packed into one row, so a training step spends no positions on padding and its
+  anchor budget on labels (`pack_rows`: at most seq_len tokens and seq_len // 2 labelled
+  anchors, a sequence's reply tokens plus the two a TTT step may add, per row).
+
+  Items add `segments` int32 [seq_len] (1, 2, ... per packed sequence, 0 on padding) and
+  `positions` int32 [seq_len] (each token's position in its own sequence); a loss that reads
+  them keeps sequences apart (attention, labels, RoPE). `length` is the row's token count."""
+
+  def __init__(self, source: TokenShards, sequences: Sequence[int]):
+    self.source = source
+    n = source.seq_len
+    seqs = np.asarray(sequences, np.int64)
+    lengths = np.minimum(np.diff(source.offsets)[seqs], n)
+    labels = np.asarray([int(np.count_nonzero(source.sequence(int(i))[1][:n])) + 2
+                         for i in seqs])
+    self.rows = [seqs[r].tolist() for r in pack_rows(lengths, labels, n, max(1, n // 2))]
+
+  def __len__(self) -> int:
+    return len(self.rows)
+
+  def __getitem__(self, k) -> dict[str, np.ndarray]:
+    items = [self.source[i] for i in self.rows[int(k)]]
+    n = self.source.seq_len
+    out = {key: np.zeros_like(v) for key, v in items[0].items() if key != "length"}
+    out["segments"] = np.zeros(n, np.int32)
+    out["positions"] = np.zeros(n, np.int32)
+    at = 0
+    for seg, item in enumerate(items, start=1):
+      m = int(item["length"])
+      for key in out:
+        if key in item:
+          out[key][at:at + m] = item[key][:m]
+      out["segments"][at:at + m] = seg
+      out["positions"][at:at + m] = np.arange(m)
+      at += m
+    out["length"] = np.int32(at)
+    return out
+
+  def __repr__(self) -> str:
+    return f"PackedRows({self.source!r}, rows={len(self)})"
+
+
 VOCAB_CHECK_SHARE = 10     # token_counts(part="check"): the sequences whose id hashes to 0 mod 10
 
 

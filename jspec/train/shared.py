@@ -97,11 +97,13 @@ def training_graphdef(module, dtype):
   return nnx.split(copy, nnx.Param, ...)[0]
 
 
-def ttt_attend(prev: list, anchors: jax.Array | None, scale: float, dtype=None):
+def ttt_attend(prev: list, anchors: jax.Array | None, scale: float, dtype=None,
+               segments: jax.Array | None = None):
   """Attention for TTT step j = len(prev); prev holds the (k, v) of steps 0 .. j-1. Step 0 runs
   over all N positions, causally. Steps j > 0 run over K anchors [B, K] (positions t): their
   queries see step 0's keys at positions <= t and the keys of steps 1..j at the same anchor.
-  dtype: the operands of its products (default q's), accumulated in float32."""
+  dtype: the operands of its products (default q's), accumulated in float32. segments [B, N]
+  (packed rows, `jspec.train.shards.PackedRows`): a query sees only keys of its own sequence."""
   def attend(q, k, v):
     b, m, hq, dh = q.shape
     kvh = k.shape[2]
@@ -114,6 +116,8 @@ def ttt_attend(prev: list, anchors: jax.Array | None, scale: float, dtype=None):
     n = k0.shape[1]
     t = jnp.broadcast_to(jnp.arange(m)[None], (b, m)) if anchors is None else anchors
     seen = jnp.arange(n)[None, None, :] <= t[:, :, None]                       # [B, M, N]
+    if segments is not None:
+      seen = seen & (segments[:, None, :] == take_at(segments, t)[:, :, None])
     s0 = dot("btkgd,bskd->bkgts", qg, k0) * scale                              # [B,KVH,G,M,N]
     s0 = jnp.where(seen[:, None, None], s0, -jnp.inf)
     diag = [dot("btkgd,btkd->bkgt", qg, ki)[..., None] * scale

@@ -39,6 +39,8 @@ class TrainConfig:
   seed: int = 0
   reply_windows: bool = False  # True: windows that label every reply token (ReplyWindows);
                                # False: each sequence's first seq_len tokens
+  pack: bool = False           # True: several sequences per row (PackedRows), for losses that
+                               # keep them apart (Task.packs)
 
   def __post_init__(self):
     for name in ("steps", "batch_size", "seq_len", "save_every", "keep", "eval_every"):
@@ -51,6 +53,8 @@ class TrainConfig:
       raise ValueError(f"lr must be > 0, got {self.lr}")
     if self.holdout < 0:
       raise ValueError(f"holdout must be >= 0, got {self.holdout}")
+    if self.pack and self.reply_windows:
+      raise ValueError("packing and reply windows do not combine; choose one")
 
 
 def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
@@ -72,6 +76,7 @@ class Task:
   aux: Any
   loss: Callable[[Any, Any, dict], tuple[jax.Array, dict]]
   meta: dict                                    # JSON: everything that must match on resume
+  packs: bool = False                           # its loss reads packed rows' segments/positions
 
 
 def _manager(ckpt_dir: str, cfg: TrainConfig):
@@ -96,10 +101,17 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
   from jspec.io import check_writable
   from jspec.train.loader import heldout_batches, make_iterator
   log = log or (lambda s: print(s, file=sys.stderr))
+  if cfg.pack and not task.packs:
+    raise ValueError(f"{task.name} training cannot read packed rows (its loss does not keep "
+                     "packed sequences apart); train it without packing")
+  if cfg.pack and features is None:
+    raise ValueError("packed rows need a feature cache (--features or --cache-features): the "
+                     "target's own pass over a packed row would let its sequences see each other")
   os.makedirs(out_dir, exist_ok=True)
   check_writable(os.path.join(out_dir, "train_log.jsonl"))
   it = make_iterator(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size, seed=cfg.seed,
                      holdout=cfg.holdout, features=features, windows=cfg.reply_windows,
+                     pack=cfg.pack,
                      num_threads=1, prefetch=4)
   eval_batches = heldout_batches(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
                                  holdout=cfg.holdout, features=features)

@@ -411,6 +411,46 @@ def test_windowed_epoch_labels_every_training_reply_token(regen_dir):
   assert sum(int(first[k]["loss_mask"].sum()) for k in range(len(first))) < want
 
 
+def test_pack_rows_respects_both_limits_and_places_every_sequence_once():
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    k = int(rng.integers(1, 200))
+    lengths = rng.integers(1, 65, k)
+    labels = (lengths * rng.random(k)).astype(int) + 2
+    rows = shards.pack_rows(lengths, labels, 64, 32)
+    assert sorted(i for r in rows for i in r) == list(range(k))
+    for r in rows:
+      over = lengths[r].sum() > 64 or labels[r].sum() > 32
+      assert not over or len(r) == 1                      # only a lone sequence may exceed
+    assert rows == shards.pack_rows(lengths, labels, 64, 32)      # deterministic
+
+
+def test_packed_epoch_holds_each_training_sequence_once_apart(regen_dir):
+  seq_len, holdout = CFG.max_position, 2
+  first = loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, num_epochs=1,
+                              holdout=holdout)
+  want = sorted((first[k]["tokens"][0, :first[k]["length"][0]].tobytes(),
+                 first[k]["loss_mask"][0, :first[k]["length"][0]].tobytes())
+                for k in range(len(first)))
+  packed = loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, num_epochs=1,
+                               holdout=holdout, pack=True)
+  got = []
+  for k in range(len(packed)):
+    row = {key: v[0] for key, v in packed[k].items()}
+    seg, pos, n = row["segments"], row["positions"], int(row["length"])
+    assert (seg[:n] > 0).all() and not seg[n:].any() and not row["tokens"][n:].any()
+    assert np.count_nonzero(row["loss_mask"]) + 2 * seg.max() <= seq_len // 2 or seg.max() == 1
+    for s_id in range(1, int(seg.max()) + 1):
+      at = np.flatnonzero(seg == s_id)
+      assert (np.diff(at) == 1).all() and (pos[at] == np.arange(len(at))).all()
+      got.append((row["tokens"][at].tobytes(), row["loss_mask"][at].tobytes()))
+  assert sorted(got) == want                   # the unpacked epoch's sequences, each once
+  assert len(packed) < len(first)
+  with pytest.raises(ValueError, match="do not combine"):
+    loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, holdout=holdout,
+                        pack=True, windows=True)
+
+
 def test_iterator_state_restores_the_data_order(regen_dir):
   kw = dict(seq_len=CFG.max_position, batch_size=3, seed=11)   # untruncated: items distinguishable
   it = loader.make_iterator(regen_dir, **kw)

@@ -440,3 +440,60 @@ def test_mixed_precision_resume_refuses_a_float32_run(target, data_dir, tmp_path
   with pytest.raises(ValueError, match=r"differs in \['compute_dtype'\]"):
     trainer.train(eagle3.eagle3_task(target, ids, compute_dtype=jnp.bfloat16), data,
                   str(tmp_path / "a"), cfg, progress=False)
+
+
+@pytest.fixture(scope="module")
+def feats_dir(target, data_dir, tmp_path_factory):
+  from jspec.train import features
+  folder = str(tmp_path_factory.mktemp("e3_feats") / "feats")
+  features.cache_features(target, data_dir[0], folder, taps=(1, 2, 3), batch_size=16,
+                          progress=False)
+  return folder
+
+
+def test_a_packed_row_trains_as_its_sequences_apart(target, data_dir, feats_dir):
+  """ttt_loss over one packed row equals ttt_loss over its sequences as separate rows: the same
+  labels, loss, accuracies and AL estimate (attention, RoPE positions and labels kept apart)."""
+  from jspec.train.features import FeatureShards
+  from jspec.train.shards import PackedRows
+  data, _ = data_dir
+  n = 192                       # two 44-token sequences (42 labels each) fit the 96-label budget
+  src = FeatureShards(data, n, feats_dir)
+  short = [0, 5]
+  packed = PackedRows(src, short)
+  assert len(packed) == 1 and sorted(packed.rows[0]) == sorted(short)
+  row = packed[0]
+  apart = [src[i] for i in packed.rows[0]]
+  ids = eagle3.draft_vocab(np.arange(CFG.vocab_size)[::-1].copy(), 56)
+  task = eagle3.eagle3_task(target, ids, taps=(1, 2, 3), ttt_steps=3, seed=4)
+  stack = lambda items: {k: jnp.asarray(np.stack([it[k] for it in items])) for k in items[0]}
+  one, many = stack([row]), stack(apart)
+  (l1, m1), (l2, m2) = (task.loss(task.params, task.aux, b) for b in (one, many))
+  np.testing.assert_allclose(m1["step_count"], m2["step_count"])
+  assert float(m1["step_count"][0]) > 20
+  np.testing.assert_allclose(l1, l2, rtol=1e-4)
+  for key in ("step_loss", "step_acc", "accept_at"):
+    np.testing.assert_allclose(m1[key], m2[key], rtol=1e-4, atol=1e-6)
+  # without the segments the sequences would see each other: the loss differs
+  blind = {k: v for k, v in one.items() if k not in ("segments", "positions")}
+  assert abs(float(task.loss(task.params, task.aux, blind)[0]) - float(l2)) > 1e-3
+
+
+def test_packed_training_lowers_loss_and_needs_a_cache_and_a_packing_loss(target, data_dir,
+                                                                        feats_dir, tmp_path):
+  from jspec.train import mtp
+  data, _ = data_dir
+  ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
+  task = eagle3.eagle3_task(target, ids, taps=(1, 2, 3))
+  history = trainer.train(task, data, str(tmp_path / "run"), _config(steps=30, pack=True,
+                                                                     seq_len=192),
+                          progress=False, features=feats_dir)      # two sequences a row
+  assert np.mean([r["loss"] for r in history[-5:]]) < np.mean([r["loss"] for r in history[:5]]) - 1
+  with pytest.raises(ValueError, match="need a feature cache"):
+    trainer.train(task, data, str(tmp_path / "x"), _config(pack=True), progress=False)
+  with pytest.raises(ValueError, match="cannot read packed rows"):
+    trainer.train(mtp.mtp_task(target, ids), data, str(tmp_path / "y"), _config(pack=True),
+                  progress=False, features=feats_dir)
+  with pytest.raises(ValueError, match="do not combine"):
+    _config(pack=True, reply_windows=True)
+
