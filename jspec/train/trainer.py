@@ -125,6 +125,8 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
     start = mngr.latest_step()
     saved = mngr.restore(start, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     same = json.loads(json.dumps(meta))          # as saved: tuples become lists
+    for k, v in dataclasses.asdict(TrainConfig()).items():   # a setting added since, at its
+      saved.get("config", {}).setdefault(k, v)               # default, matches what ran before
     if saved != same:
       diff = sorted(k for k in set(saved) | set(same) if saved.get(k) != same.get(k))
       raise ValueError(f"{out_dir} holds checkpoints of another run (differs in {diff}); use "

@@ -129,6 +129,26 @@ def test_resume_reproduces_the_uninterrupted_run(target, data_dir, tmp_path):
                   _config(steps=30, save_every=5), progress=False)
 
 
+def test_a_run_from_before_a_new_setting_resumes_at_its_default(target, data_dir, tmp_path):
+  """A checkpoint whose saved config predates a TrainConfig field resumes when the field is at
+  its default, and is refused when it is not."""
+  data, _ = data_dir
+  ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
+  out = tmp_path / "old"
+  trainer.train(eagle3.eagle3_task(target, ids), data, str(out), _config(steps=10, save_every=5),
+                progress=False, stop_after=5)
+  path = out / "checkpoints" / "5" / "meta" / "metadata"
+  meta = json.loads(path.read_text())
+  del meta["config"]["pack"], meta["config"]["reply_windows"]
+  path.write_text(json.dumps(meta))
+  with pytest.raises(ValueError, match=r"differs in \['config'\]"):
+    trainer.train(eagle3.eagle3_task(target, ids), data, str(out),
+                  _config(steps=10, save_every=5, reply_windows=True), progress=False)
+  later = trainer.train(eagle3.eagle3_task(target, ids), data, str(out),
+                        _config(steps=10, save_every=5), progress=False, stop_after=1)
+  assert [r["step"] for r in later] == [6]
+
+
 def test_draft_vocab_is_the_most_frequent_sorted():
   counts = np.asarray([5, 9, 0, 9, 1, 7])
   assert eagle3.draft_vocab(counts, 3).tolist() == [1, 3, 5]
