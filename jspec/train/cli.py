@@ -522,7 +522,8 @@ def add_parser(sub, default_model: str) -> None:
   _reply_windows_flag(e)
   e.add_argument("--pack", action="store_true",
                  help="pack several conversations into each row (kept apart in attention, "
-                      "labels and positions): no padding, about 1.5x the labels per step")
+                      "labels and positions; needs a feature cache): less padding, about 1.17x "
+                      "the tokens and labels per step on the default corpus")
   e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   _compute_dtype_flag(e)
   e.add_argument("--cache-features", action="store_true",
