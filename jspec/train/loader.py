@@ -22,13 +22,11 @@ def _source(data_dir: str, seq_len: int, features: str | None):
 def _split(source, holdout: int, windows: bool = False, pack: bool = False):
   """(training MapDataset, held-out items): `holdout` sequences of a fixed permutation are held
   out (their first seq_len tokens); the rest train, as whole-sequence windows (`ReplyWindows`)
-  when `windows`, packed several to a row (`PackedRows`) when `pack`, else their first seq_len
-  tokens."""
+  when `windows`, packed several to a row (`PackedRows`, of windows when `windows` too) when
+  `pack`, else their first seq_len tokens."""
   import grain
   if holdout < 0 or holdout >= len(source):
     raise ValueError(f"holdout must be in [0, {len(source)}) sequences, got {holdout}")
-  if windows and pack:
-    raise ValueError("reply windows and packing do not combine; choose one")
   perm = grain.MapDataset.source(source).shuffle(seed=HOLDOUT_SEED)
   held = [perm[i] for i in range(holdout)]
   if not (windows or pack):
@@ -36,7 +34,7 @@ def _split(source, holdout: int, windows: bool = False, pack: bool = False):
   # the same permutation of the sequence ids (grain's shuffle depends only on length and seed)
   order = grain.MapDataset.source(range(len(source))).shuffle(seed=HOLDOUT_SEED)
   train = [order[i] for i in range(holdout, len(source))]
-  rows = PackedRows(source, train) if pack else ReplyWindows(source, train)
+  rows = PackedRows(source, train, windows) if pack else ReplyWindows(source, train)
   return grain.MapDataset.source(rows), held
 
 
@@ -44,7 +42,8 @@ def make_dataset(data_dir: str, *, seq_len: int, batch_size: int, seed: int,
                  num_epochs: int | None = None, holdout: int = 0, features: str | None = None,
                  windows: bool = False, pack: bool = False):
   """grain.MapDataset: TokenShards minus `holdout` held-out sequences (as `ReplyWindows` when
-  `windows`, so every reply token is labelled; as `PackedRows` when `pack`) -> shuffle(seed;
+  `windows`, so every reply token is labelled; as `PackedRows` when `pack`, of the windows when
+  both) -> shuffle(seed;
   reshuffled each epoch) ->
   repeat(num_epochs; None = forever) -> batch(batch_size, drop_remainder=True).
   Batches are dicts of stacked arrays: tokens [B, seq_len], loss_mask [B, seq_len], length [B]

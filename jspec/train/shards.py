@@ -287,29 +287,39 @@ def pack_rows(lengths: np.ndarray, labels: np.ndarray, seq_len: int,
 
 
 class PackedRows:
-  """A grain data source: several sequences of a TokenShards (each its first seq_len tokens, as
-  unpacked) packed into one row, so a training step spends no positions on padding and its
-  anchor budget on labels (`pack_rows`: at most seq_len tokens and seq_len // 2 labelled
-  anchors, a sequence's reply tokens plus the two a TTT step may add, per row).
+  """A grain data source: several sequences of a TokenShards packed into one row, so a training
+  step spends no positions on padding and its anchor budget on labels (`pack_rows`: at most
+  seq_len tokens and seq_len // 2 labelled anchors, a piece's reply tokens plus the two a TTT step
+  may add, per row). The pieces are each sequence's first seq_len tokens, as unpacked, or with
+  `windows` its reply windows (`reply_windows`, as `ReplyWindows`), so that an epoch labels every
+  reply token once.
 
-  Items add `segments` int32 [seq_len] (1, 2, ... per packed sequence, 0 on padding) and
-  `positions` int32 [seq_len] (each token's position in its own sequence); a loss that reads
-  them keeps sequences apart (attention, labels, RoPE). `length` is the row's token count."""
+  Items add `segments` int32 [seq_len] (1, 2, ... per packed piece, 0 on padding) and
+  `positions` int32 [seq_len] (each token's position in its own piece); a loss that reads them
+  keeps pieces apart (attention, labels, RoPE). `length` is the row's token count. `rows` lists
+  each row's pieces as (sequence, start, lo, hi) for `TokenShards.window`."""
 
-  def __init__(self, source: TokenShards, sequences: Sequence[int]):
+  def __init__(self, source: TokenShards, sequences: Sequence[int], windows: bool = False):
     self.source = source
     n = source.seq_len
-    seqs = np.asarray(sequences, np.int64)
-    lengths = np.minimum(np.diff(source.offsets)[seqs], n)
-    labels = np.asarray([int(np.count_nonzero(source.sequence(int(i))[1][:n])) + 2
-                         for i in seqs])
-    self.rows = [seqs[r].tolist() for r in pack_rows(lengths, labels, n, max(1, n // 2))]
+    pieces, lengths, labels = [], [], []
+    for i in sequences:
+      _, mask = source.sequence(int(i))
+      wins = (reply_windows(mask, n, max(1, n // 2)) if windows else [(0, 0, len(mask))])
+      for start, lo, hi in wins:
+        m = min(len(mask) - start, n)
+        at = np.arange(start, start + m)
+        pieces.append((int(i), int(start), int(lo), int(hi)))
+        lengths.append(m)
+        labels.append(int(np.count_nonzero(mask[start:start + m] * ((at >= lo) & (at < hi)))) + 2)
+    self.rows = [[pieces[k] for k in r]
+                 for r in pack_rows(np.asarray(lengths), np.asarray(labels), n, max(1, n // 2))]
 
   def __len__(self) -> int:
     return len(self.rows)
 
   def __getitem__(self, k) -> dict[str, np.ndarray]:
-    items = [self.source[i] for i in self.rows[int(k)]]
+    items = [self.source.window(*piece) for piece in self.rows[int(k)]]
     n = self.source.seq_len
     out = {key: np.zeros_like(v) for key, v in items[0].items() if key != "length"}
     out["segments"] = np.zeros(n, np.int32)

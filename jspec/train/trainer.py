@@ -39,8 +39,8 @@ class TrainConfig:
   seed: int = 0
   reply_windows: bool = False  # True: windows that label every reply token (ReplyWindows);
                                # False: each sequence's first seq_len tokens
-  pack: bool = False           # True: several sequences per row (PackedRows), for losses that
-                               # keep them apart (Task.packs)
+  pack: bool = False           # True: several sequences (windows with reply_windows) per row
+                               # (PackedRows), for losses that keep them apart (Task.packs)
 
   def __post_init__(self):
     for name in ("steps", "batch_size", "seq_len", "save_every", "keep", "eval_every"):
@@ -53,8 +53,6 @@ class TrainConfig:
       raise ValueError(f"lr must be > 0, got {self.lr}")
     if self.holdout < 0:
       raise ValueError(f"holdout must be >= 0, got {self.holdout}")
-    if self.pack and self.reply_windows:
-      raise ValueError("packing and reply windows do not combine; choose one")
 
 
 def optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

@@ -446,9 +446,34 @@ def test_packed_epoch_holds_each_training_sequence_once_apart(regen_dir):
       got.append((row["tokens"][at].tobytes(), row["loss_mask"][at].tobytes()))
   assert sorted(got) == want                   # the unpacked epoch's sequences, each once
   assert len(packed) < len(first)
-  with pytest.raises(ValueError, match="do not combine"):
-    loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, holdout=holdout,
-                        pack=True, windows=True)
+
+
+@pytest.mark.parametrize("seq_len", [16, 256])     # several windows a sequence; packed windows
+def test_packed_windows_hold_each_training_window_once_apart(regen_dir, seq_len):
+  """Packing reply windows: every window of the unpacked windowed epoch appears once, whole and
+  apart, so the packed epoch still labels every training reply token once."""
+  holdout = 2
+  kw = dict(seq_len=seq_len, batch_size=1, seed=0, num_epochs=1, holdout=holdout, windows=True)
+  wins = loader.make_dataset(regen_dir, **kw)
+  want = sorted((wins[k]["tokens"][0, :wins[k]["length"][0]].tobytes(),
+                 wins[k]["loss_mask"][0, :wins[k]["length"][0]].tobytes())
+                for k in range(len(wins)))
+  packed = loader.make_dataset(regen_dir, pack=True, **kw)
+  got = []
+  for k in range(len(packed)):
+    row = {key: v[0] for key, v in packed[k].items()}
+    seg, pos, n = row["segments"], row["positions"], int(row["length"])
+    assert (seg[:n] > 0).all() and not seg[n:].any()
+    assert np.count_nonzero(row["loss_mask"]) + 2 * seg.max() <= seq_len // 2 or seg.max() == 1
+    for s_id in range(1, int(seg.max()) + 1):
+      at = np.flatnonzero(seg == s_id)
+      assert (np.diff(at) == 1).all() and (pos[at] == np.arange(len(at))).all()
+      got.append((row["tokens"][at].tobytes(), row["loss_mask"][at].tobytes()))
+  assert sorted(got) == want
+  assert sum(int(packed[k]["loss_mask"].sum()) for k in range(len(packed))) == \
+      sum(int(wins[k]["loss_mask"].sum()) for k in range(len(wins)))
+  n_train = len(shards.TokenShards(regen_dir, seq_len)) - holdout
+  assert len(wins) > n_train if seq_len == 16 else len(packed) < len(wins)
 
 
 def test_iterator_state_restores_the_data_order(regen_dir):
