@@ -384,6 +384,14 @@ def _compute_dtype_flag(p) -> None:
                       "AVX512-BF16); fp32: every product in float32")
 
 
+def _pack_flag(p) -> None:
+  p.add_argument("--pack", action="store_true",
+                 help="pack several conversations (or, with --reply-windows, windows) into "
+                      "each row, kept apart in attention, labels and positions; needs a feature "
+                      "cache. On the default corpus: about 1.17x the labels per step (236 a "
+                      "row with --reply-windows, which label twice the reply tokens an epoch)")
+
+
 def _reply_windows_flag(p) -> None:
   p.add_argument("--reply-windows", action="store_true",
                  help="train on windows that label every reply token, however long the "
@@ -520,11 +528,7 @@ def add_parser(sub, default_model: str) -> None:
   e.add_argument("--eval-every", type=int, default=200)
   e.add_argument("--holdout", type=int, default=32)
   _reply_windows_flag(e)
-  e.add_argument("--pack", action="store_true",
-                 help="pack several conversations (or, with --reply-windows, windows) into "
-                      "each row, kept apart in attention, labels and positions; needs a feature "
-                      "cache. On the default corpus: about 1.17x the labels per step (236 a "
-                      "row with --reply-windows, which label twice the reply tokens an epoch)")
+  _pack_flag(e)
   e.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   _compute_dtype_flag(e)
   e.add_argument("--cache-features", action="store_true",
@@ -603,6 +607,7 @@ def add_parser(sub, default_model: str) -> None:
   mt.add_argument("--eval-every", type=int, default=200)
   mt.add_argument("--holdout", type=int, default=32)
   _reply_windows_flag(mt)
+  _pack_flag(mt)
   mt.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="exported weights")
   _compute_dtype_flag(mt)
   mt.add_argument("--cache-features", action="store_true",

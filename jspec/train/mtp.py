@@ -62,20 +62,23 @@ def target_features(target: Llama, tokens: jax.Array, draft_ids: jax.Array,
 
 def mtp_forward(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, final: jax.Array,
                 tokens: jax.Array, anchors: jax.Array, steps: int,
-                dtype=None) -> list[jax.Array]:
+                dtype=None, segments: jax.Array | None = None,
+                positions: jax.Array | None = None) -> list[jax.Array]:
   """The module's normed outputs [B, K, H] per step at anchors [B, K]: step k's output at anchor
   i predicts token i+k+1 (step 1 runs over every position, as the later steps attend to it).
-  dtype: the operands of the attention products (default the activations')."""
+  dtype: the operands of the attention products (default the activations'). segments and
+  positions [B, N]: a packed row's sequences (`jspec.train.shards.PackedRows`), kept apart."""
   b, n = tokens.shape
   scale = module.config.head_dim ** -0.5
-  pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
-  a, kv1 = module(final, embed[take_at(tokens, pos + 1)], pos,
-                  ttt_attend([], None, scale, dtype))
+  idx = jnp.broadcast_to(jnp.arange(n)[None], (b, n))
+  pos = idx if positions is None else positions
+  a, kv1 = module(final, embed[take_at(tokens, idx + 1)], pos,
+                  ttt_attend([], None, scale, dtype, segments))
   prev = module.shared_norm(take_at(a, anchors), norm_scale)
   outs, kvs = [prev], [kv1]
   for k in range(2, steps + 1):
-    a, kv = module(prev, embed[take_at(tokens, anchors + k)], anchors + k - 1,
-                   ttt_attend(kvs, anchors, scale, dtype))
+    a, kv = module(prev, embed[take_at(tokens, anchors + k)], take_at(pos, anchors) + k - 1,
+                   ttt_attend(kvs, anchors, scale, dtype, segments))
     kvs.append(kv)
     prev = module.shared_norm(a, norm_scale)
     outs.append(prev)
@@ -90,10 +93,13 @@ def step_weights(steps: int, beta: float) -> np.ndarray:
 
 def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: jax.Array,
              feats: Features, tokens: jax.Array, loss_mask: jax.Array, length: jax.Array, *,
-             steps: int, beta: float, max_anchors: int | None = None, dtype=jnp.float32):
+             steps: int, beta: float, max_anchors: int | None = None, dtype=jnp.float32,
+             segments: jax.Array | None = None, positions: jax.Array | None = None):
   """Returns (loss, metrics). tokens / loss_mask [B, N], length [B]; embed, norm_scale and rows
   (the LM head's draft-vocabulary rows [Vd, H]): the target's. dtype: the operands of the
-  LM-head and attention products (bfloat16: mixed precision, float32 results).
+  LM-head and attention products (bfloat16: mixed precision, float32 results). segments /
+  positions [B, N]: a packed row's sequences (labels never cross them); without them a row is
+  one sequence of `length` tokens.
 
   Step k's prediction at anchor i is token i+k+1, labelled with the target's distribution at
   position i+k (restricted to the draft vocabulary and renormalised); it counts where that token
@@ -103,14 +109,15 @@ def mtp_loss(module: MTPModule, embed: jax.Array, norm_scale: jax.Array, rows: j
   cfg = module.config
   in_vocab = jnp.zeros((cfg.vocab_size,), bool).at[module.draft_to_target[...]].set(True)
   pos = jnp.arange(n)[None, :]
-  labelled = [((pos + 1 + k) < length[:, None]) & (shift(loss_mask, 1 + k) > 0)
+  seg = (pos < length[:, None]).astype(jnp.int32) if segments is None else segments
+  labelled = [(shift(seg, 1 + k) == seg) & (seg > 0) & (shift(loss_mask, 1 + k) > 0)
               & in_vocab[shift(tokens, 1 + k)] for k in range(1, steps + 1)]   # [B, N] each
   m = max_anchors or max(1, n // 2)
   anchors = jax.vmap(lambda x: jnp.nonzero(x, size=m, fill_value=n - 1)[0])(
       jnp.any(jnp.stack(labelled), axis=0)).astype(jnp.int32)                  # [B, M]
   mixed = jnp.dtype(dtype) != jnp.float32
   outs = mtp_forward(module, embed, norm_scale, feats.final, tokens, anchors, steps,
-                     dtype if mixed else None)
+                     dtype if mixed else None, segments, positions)
   losses, accs, counts, accepted = [], [], [], []
   run = jnp.ones(anchors.shape, bool)         # the greedy chain is still accepted at the anchor
   for k, normed in enumerate(outs, start=1):
@@ -162,13 +169,14 @@ def mtp_task(target: Llama, draft_ids: np.ndarray, *, steps: int = 3, beta: floa
     feats = target_features(tgt, batch["tokens"], ids, batch.get("feats"), dtype=compute_dtype)
     return mtp_loss(mod, tgt.embed_table(), tgt.norm.scale[...], tgt.head_rows(ids),
                     feats, batch["tokens"], batch["loss_mask"], batch["length"], steps=steps,
-                    beta=beta, dtype=compute_dtype)
+                    beta=beta, dtype=compute_dtype, segments=batch.get("segments"),
+                    positions=batch.get("positions"))
 
   meta = dict(mtp=dataclasses.asdict(module.config), steps=steps, beta=beta,
               compute_dtype=compute_dtype.name,
               draft_vocab_sha=digest(np.asarray(module.draft_to_target[...])),
               target=dict(layers=target.config.num_layers, hidden=target.config.hidden_size,
                           vocab=target.config.vocab_size))
-  task = Task(name="mtp", params=params, aux=(tweights, rest), loss=loss, meta=meta)
+  task = Task(name="mtp", params=params, aux=(tweights, rest), loss=loss, meta=meta, packs=True)
   task.module = lambda p: nnx.merge(graphdef, p, rest)
   return task

@@ -501,7 +501,7 @@ def test_a_packed_row_trains_as_its_sequences_apart(target, data_dir, feats_dir)
 
 def test_packed_training_lowers_loss_and_needs_a_cache_and_a_packing_loss(target, data_dir,
                                                                         feats_dir, tmp_path):
-  from jspec.train import mtp
+  from jspec.train import medusa
   data, _ = data_dir
   ids = eagle3.draft_vocab(np.ones(CFG.vocab_size, np.int64), 48)
   task = eagle3.eagle3_task(target, ids, taps=(1, 2, 3))
@@ -512,6 +512,6 @@ def test_packed_training_lowers_loss_and_needs_a_cache_and_a_packing_loss(target
   with pytest.raises(ValueError, match="need a feature cache"):
     trainer.train(task, data, str(tmp_path / "x"), _config(pack=True), progress=False)
   with pytest.raises(ValueError, match="cannot read packed rows"):
-    trainer.train(mtp.mtp_task(target, ids), data, str(tmp_path / "y"), _config(pack=True),
-                  progress=False, features=feats_dir)
+    trainer.train(medusa.medusa_task(target, ids), data, str(tmp_path / "y"),
+                  _config(pack=True), progress=False, features=feats_dir)
 

@@ -186,6 +186,31 @@ def test_mixed_precision_training_matches_float32_and_keeps_float32_results(targ
              for mixed in [MixedDot(jnp.bfloat16)])      # the export is the float32 module
 
 
+def test_a_packed_row_trains_as_its_sequences_apart(target, data_dir):
+  """mtp_loss over one packed row equals mtp_loss over its sequences as separate rows (attention,
+  RoPE positions and labels kept apart), and differs without the segments."""
+  from jspec.train.features import FeatureShards
+  from jspec.train.shards import PackedRows
+  data, feats, _ = data_dir
+  whole = TokenShards(data, 4096)
+  n = 4 * max(len(whole.sequence(i)[0]) for i in range(len(whole)))   # any two fit a row
+  src = FeatureShards(data, n, feats)
+  packed = PackedRows(src, [0, 5])
+  assert len(packed) == 1 and sorted(p[0] for p in packed.rows[0]) == [0, 5]
+  row, apart = packed[0], [src[p[0]] for p in packed.rows[0]]
+  task = mtp.mtp_task(target, IDS, seed=3)
+  stack = lambda items: {k: jnp.asarray(np.stack([it[k] for it in items])) for k in items[0]}
+  one, many = stack([row]), stack(apart)
+  (l1, m1), (l2, m2) = (task.loss(task.params, task.aux, b) for b in (one, many))
+  np.testing.assert_allclose(m1["step_count"], m2["step_count"])
+  assert float(m1["step_count"][0]) > 20
+  np.testing.assert_allclose(l1, l2, rtol=1e-4)
+  for key in ("step_loss", "step_acc", "accept_at"):
+    np.testing.assert_allclose(m1[key], m2[key], rtol=1e-4, atol=1e-6)
+  blind = {k: v for k, v in one.items() if k not in ("segments", "positions")}
+  assert abs(float(task.loss(task.params, task.aux, blind)[0]) - float(l2)) > 1e-3
+
+
 def test_bad_settings_fail_early(target):
   with pytest.raises(ValueError, match="steps must be >= 1"):
     mtp.mtp_task(target, IDS, steps=0)
