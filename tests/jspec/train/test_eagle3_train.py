@@ -17,6 +17,7 @@ from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from jspec.drafters.shared import cache_attend
 from jspec.train import eagle3, trainer
 from tests.jspec.train.mixed import check_mixed_matches_float32
+from tests.jspec.train.packed import check_packed_equals_apart
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 from models import KVCache, Llama, LlamaConfig
 
@@ -482,21 +483,9 @@ def test_a_packed_row_trains_as_its_sequences_apart(target, data_dir, feats_dir)
   short = [0, 5]
   packed = PackedRows(src, short)
   assert len(packed) == 1 and sorted(p[0] for p in packed.rows[0]) == sorted(short)
-  row = packed[0]
-  apart = [src[p[0]] for p in packed.rows[0]]
   ids = eagle3.draft_vocab(np.arange(CFG.vocab_size)[::-1].copy(), 56)
-  task = eagle3.eagle3_task(target, ids, taps=(1, 2, 3), ttt_steps=3, seed=4)
-  stack = lambda items: {k: jnp.asarray(np.stack([it[k] for it in items])) for k in items[0]}
-  one, many = stack([row]), stack(apart)
-  (l1, m1), (l2, m2) = (task.loss(task.params, task.aux, b) for b in (one, many))
-  np.testing.assert_allclose(m1["step_count"], m2["step_count"])
-  assert float(m1["step_count"][0]) > 20
-  np.testing.assert_allclose(l1, l2, rtol=1e-4)
-  for key in ("step_loss", "step_acc", "accept_at"):
-    np.testing.assert_allclose(m1[key], m2[key], rtol=1e-4, atol=1e-6)
-  # without the segments the sequences would see each other: the loss differs
-  blind = {k: v for k, v in one.items() if k not in ("segments", "positions")}
-  assert abs(float(task.loss(task.params, task.aux, blind)[0]) - float(l2)) > 1e-3
+  check_packed_equals_apart(eagle3.eagle3_task(target, ids, taps=(1, 2, 3), ttt_steps=3, seed=4),
+                            packed)
 
 
 def test_packed_training_lowers_loss_and_needs_a_cache_and_a_packing_loss(target, data_dir,

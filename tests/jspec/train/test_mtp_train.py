@@ -19,6 +19,7 @@ from jspec.train.shared import MixedDot
 from jspec.train.shards import TokenShards
 from models import KVCache, Llama, LlamaConfig
 from tests.jspec.train.mixed import check_mixed_matches_float32
+from tests.jspec.train.packed import check_packed_equals_apart
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 
 CFG = LlamaConfig.tiny(vocab_size=64, num_layers=3)
@@ -197,18 +198,7 @@ def test_a_packed_row_trains_as_its_sequences_apart(target, data_dir):
   src = FeatureShards(data, n, feats)
   packed = PackedRows(src, [0, 5])
   assert len(packed) == 1 and sorted(p[0] for p in packed.rows[0]) == [0, 5]
-  row, apart = packed[0], [src[p[0]] for p in packed.rows[0]]
-  task = mtp.mtp_task(target, IDS, seed=3)
-  stack = lambda items: {k: jnp.asarray(np.stack([it[k] for it in items])) for k in items[0]}
-  one, many = stack([row]), stack(apart)
-  (l1, m1), (l2, m2) = (task.loss(task.params, task.aux, b) for b in (one, many))
-  np.testing.assert_allclose(m1["step_count"], m2["step_count"])
-  assert float(m1["step_count"][0]) > 20
-  np.testing.assert_allclose(l1, l2, rtol=1e-4)
-  for key in ("step_loss", "step_acc", "accept_at"):
-    np.testing.assert_allclose(m1[key], m2[key], rtol=1e-4, atol=1e-6)
-  blind = {k: v for k, v in one.items() if k not in ("segments", "positions")}
-  assert abs(float(task.loss(task.params, task.aux, blind)[0]) - float(l2)) > 1e-3
+  check_packed_equals_apart(mtp.mtp_task(target, IDS, seed=3), packed)
 
 
 def test_bad_settings_fail_early(target):
