@@ -286,21 +286,57 @@ def cmd_calibrate(args) -> None:
                     "reply_tokens": data.reply_tokens, **summary}, indent=2))
 
 
+MEDUSA_SHAPE = dict(num_heads=4, num_layers=1, draft_vocab=2048, lm_head="own")  # the defaults
+
+
 def cmd_medusa(args) -> None:
   from jspec.drafters import heads
+  from jspec.drafters.medusa import attach_target_rows
   from jspec.drafters.medusa import checkpoint as medusa_format
   from jspec.train import medusa
   from jspec.train.features import last_slot_features
 
-  _train(args, heads.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"),
-         lambda target, ids: medusa.medusa_task(target, ids, num_heads=args.num_heads,
-                                                num_layers=args.num_layers, decay=args.decay,
-                                                seed=args.seed, lm_head=args.lm_head),
+  init = None
+  if args.init is not None:   # the head fixes its shape and vocabulary: a flag may only agree
+    try:
+      init = medusa_format.load_medusa(args.init)
+      c = init.config
+      has = dict(num_heads=c.num_heads, num_layers=c.num_layers,
+                 draft_vocab=c.draft_vocab_size, lm_head=c.lm_head)
+      clash = [f"--{k.replace('_', '-')} {getattr(args, k)} (the head has {v})"
+               for k, v in has.items() if getattr(args, k) not in (None, v)]
+      if args.vocab_coverage is not None:
+        clash.append(f"--vocab-coverage {args.vocab_coverage} (the head has its vocabulary)")
+      if clash:
+        raise ValueError(f"--init {args.init} fixes the heads' shape and draft vocabulary; "
+                         f"drop {', '.join(clash)}")
+      for k, v in has.items():
+        setattr(args, k, v)
+    except (ValueError, OSError) as e:
+      sys.exit(f"jspec: {e}")
+  for k, v in MEDUSA_SHAPE.items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
+
+  def task(target, ids):
+    if init is None:
+      return medusa.medusa_task(target, ids, num_heads=args.num_heads, num_layers=args.num_layers,
+                                decay=args.decay, seed=args.seed, lm_head=args.lm_head)
+    if init.config.hidden_size != target.config.hidden_size or (
+        init.config.vocab_size != target.config.vocab_size):
+      raise ValueError(f"--init {args.init} was trained for another target (hidden "
+                       f"{init.config.hidden_size}, vocabulary {init.config.vocab_size}); "
+                       f"this one has {target.config.hidden_size}, {target.config.vocab_size}")
+    attach_target_rows(init, target)
+    return medusa.medusa_task(target, ids, decay=args.decay, head=init)
+
+  _train(args, heads.WEIGHTS, lambda: _positive(args, "num_heads", "num_layers"), task,
          lambda target, folder, cfg, task: last_slot_features(
              target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
          lambda head, folder, dtype, verifier: medusa_format.save_medusa(
-             head, folder, dtype=dtype, verifier=verifier))
+             head, folder, dtype=dtype, verifier=verifier),
+         draft_ids=None if init is None else np.asarray(init.draft_to_target[...]))
 
 
 def cmd_mtp(args) -> None:
@@ -553,18 +589,22 @@ def add_parser(sub, default_model: str) -> None:
   m.add_argument("--seq-len", type=int, default=512)
   m.add_argument("--lr", type=float, default=1e-3)
   m.add_argument("--warmup", type=int, default=30)
-  m.add_argument("--num-heads", type=int, default=4,
-                 help="K heads: head k predicts the token k+2 ahead (drafts D <= K)")
-  m.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
+  m.add_argument("--num-heads", type=int, default=None,
+                 help="K heads: head k predicts the token k+2 ahead (drafts D <= K; default 4)")
+  m.add_argument("--num-layers", type=int, default=None, help="ResBlocks per head (default 1)")
   m.add_argument("--decay", type=float, default=0.8, help="loss weight decay per head")
-  m.add_argument("--draft-vocab", type=int, default=2048)
+  m.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary (default 2048)")
   m.add_argument("--vocab-coverage", type=float, default=None,
                  help="size the draft vocabulary (a multiple of 256) to hold this share of "
                       "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
-  m.add_argument("--lm-head", choices=["own", "target"], default="own",
-                 help="own: each head trains and saves its LM head; target: the heads share the "
-                      "target's LM-head rows of the draft vocabulary (frozen, not saved: a large "
-                      "draft vocabulary costs no checkpoint bytes)")
+  m.add_argument("--lm-head", choices=["own", "target"], default=None,
+                 help="own (default): each head trains and saves its LM head; target: the heads "
+                      "share the target's LM-head rows of the draft vocabulary (frozen, not "
+                      "saved: a large draft vocabulary costs no checkpoint bytes)")
+  m.add_argument("--init", default=None,
+                 help="start from this Medusa head folder (its shape, draft vocabulary and "
+                      "weights; the optimiser and schedule start afresh), e.g. to train "
+                      "exported heads further on new data")
   m.add_argument("--save-every", type=int, default=100)
   m.add_argument("--keep", type=int, default=3)
   m.add_argument("--eval-every", type=int, default=200)

@@ -19,6 +19,13 @@ def _source(data_dir: str, seq_len: int, features: str | None):
   return FeatureShards(data_dir, seq_len, features)
 
 
+def _holdout_order(n: int):
+  """The sequence ids in the held-out permutation (the same one `_split` applies to the items:
+  grain's shuffle depends only on length and seed)."""
+  import grain
+  return grain.MapDataset.source(range(n)).shuffle(seed=HOLDOUT_SEED)
+
+
 def _split(source, holdout: int, windows: bool = False, pack: bool = False):
   """(training MapDataset, held-out items): `holdout` sequences of a fixed permutation are held
   out (their first seq_len tokens); the rest train, as whole-sequence windows (`ReplyWindows`)
@@ -31,8 +38,7 @@ def _split(source, holdout: int, windows: bool = False, pack: bool = False):
   held = [perm[i] for i in range(holdout)]
   if not (windows or pack):
     return perm[holdout:], held
-  # the same permutation of the sequence ids (grain's shuffle depends only on length and seed)
-  order = grain.MapDataset.source(range(len(source))).shuffle(seed=HOLDOUT_SEED)
+  order = _holdout_order(len(source))
   train = [order[i] for i in range(holdout, len(source))]
   rows = PackedRows(source, train, windows) if pack else ReplyWindows(source, train)
   return grain.MapDataset.source(rows), held
@@ -56,10 +62,20 @@ def make_dataset(data_dir: str, *, seq_len: int, batch_size: int, seed: int,
   return train.shuffle(seed=seed).repeat(num_epochs).batch(batch_size, drop_remainder=True)
 
 
-def heldout_batches(data_dir: str, *, seq_len: int, batch_size: int,
-                    holdout: int, features: str | None = None) -> list[dict[str, np.ndarray]]:
-  """The `holdout` sequences make_dataset sets aside, as batches (the last may be smaller)."""
-  _, held = _split(_source(data_dir, seq_len, features), holdout)
+def heldout_batches(data_dir: str, *, seq_len: int, batch_size: int, holdout: int,
+                    features: str | None = None,
+                    windows: bool = False) -> list[dict[str, np.ndarray]]:
+  """The `holdout` sequences make_dataset sets aside, as batches (the last may be smaller): their
+  first seq_len tokens, or every reply window of them (`ReplyWindows`, unpacked) when `windows`,
+  so a windowed run is evaluated on every held-out reply token, as it trains."""
+  source = _source(data_dir, seq_len, features)
+  _, held = _split(source, holdout)
+  if windows and holdout:
+    order = _holdout_order(len(source))
+    rows = ReplyWindows(source, [order[i] for i in range(holdout)])
+    held = [rows[i] for i in range(len(rows))]
+  if not held:
+    return []
   return [{k: np.stack([r[k] for r in held[i:i + batch_size]]) for k in held[0]}
           for i in range(0, len(held), batch_size)]
 

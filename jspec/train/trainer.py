@@ -112,7 +112,8 @@ def train(task: Task, data_dir: str, out_dir: str, cfg: TrainConfig, *, progress
                      pack=cfg.pack,
                      num_threads=1, prefetch=4)
   eval_batches = heldout_batches(data_dir, seq_len=cfg.seq_len, batch_size=cfg.batch_size,
-                                 holdout=cfg.holdout, features=features)
+                                 holdout=cfg.holdout, features=features,
+                                 windows=cfg.reply_windows)
   opt = optimizer(cfg)
   params, opt_state = task.params, opt.init(task.params)
   meta = dict(task=task.name, config=dataclasses.asdict(cfg), cached_features=features is not None,

@@ -411,6 +411,23 @@ def test_windowed_epoch_labels_every_training_reply_token(regen_dir):
   assert sum(int(first[k]["loss_mask"].sum()) for k in range(len(first))) < want
 
 
+def test_windowed_holdout_reads_every_held_out_reply_token(regen_dir):
+  seq_len, holdout = 16, 3
+  ds = shards.TokenShards(regen_dir, seq_len=CFG.max_position)
+  whole = {ds[i]["tokens"].tobytes(): int(ds[i]["loss_mask"].sum()) for i in range(len(ds))}
+  held = loader.heldout_batches(regen_dir, seq_len=CFG.max_position, batch_size=holdout,
+                                holdout=holdout)[0]
+  want = sum(whole[t.tobytes()] for t in held["tokens"])          # the same sequences, whole
+  win = loader.heldout_batches(regen_dir, seq_len=seq_len, batch_size=4, holdout=holdout,
+                               windows=True)
+  first = loader.heldout_batches(regen_dir, seq_len=seq_len, batch_size=4, holdout=holdout)
+  assert sum(int(b["loss_mask"].sum()) for b in win) == want
+  assert sum(int(b["loss_mask"].sum()) for b in first) < want
+  assert sum(len(b["tokens"]) for b in win) > holdout     # long replies take several windows
+  assert loader.heldout_batches(regen_dir, seq_len=seq_len, batch_size=4, holdout=0,
+                                windows=True) == []
+
+
 def test_pack_rows_respects_both_limits_and_places_every_sequence_once():
   rng = np.random.default_rng(0)
   for _ in range(50):

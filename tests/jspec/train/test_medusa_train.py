@@ -138,3 +138,68 @@ def test_feature_cache_last_slot_serves(target, data_dir, tmp_path):
   item = features.FeatureShards(data, 64, fresh)[23]
   assert item["feats"].shape == (64, 1, CFG.hidden_size)
   np.testing.assert_array_equal(item["feats"][:, 0], cached[23]["feats"][:, -1])
+
+
+def _cli_train(target, data, monkeypatch, *argv):
+  """`jspec train medusa` on the tiny target (the loader returns it)."""
+  import types
+
+  import models
+  from jspec.cli import main
+  monkeypatch.setattr(models, "load", lambda name, **k: types.SimpleNamespace(model=target,
+                                                                              name="tiny"))
+  main(["train", "medusa", "--data", data, "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2",
+        "--warmup", "5", "--save-every", "20", "--eval-every", "20", "--holdout", "8",
+        "--no-progress", "--dtype", "fp32", *argv])
+
+
+def _log(folder):
+  import json
+  import os
+  with open(os.path.join(folder, "train_log.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("lm_head", ["own", "target"])
+def test_init_continues_from_exported_heads(target, data_dir, tmp_path, monkeypatch, lm_head):
+  """`--init HEAD` starts from the heads' weights, shape and vocabulary: the continued run's
+  first loss is a trained head's, not a fresh one's, and its export keeps shape and vocabulary."""
+  from jspec.drafters.medusa import checkpoint as mf
+  data, _ = data_dir
+  first, then = str(tmp_path / "a"), str(tmp_path / "b")
+  _cli_train(target, data, monkeypatch, "--out", first, "--steps", "40", "--draft-vocab", "48",
+             "--num-heads", "3", "--lm-head", lm_head)
+  _cli_train(target, data, monkeypatch, "--out", then, "--steps", "6", "--init", first + "/head",
+             "--num-heads", "3")                           # agreeing with the head is allowed
+  a, b = _log(first), _log(then)
+  assert a[-1]["loss"] < a[0]["loss"] - 1.0, (a[0]["loss"], a[-1]["loss"])
+  assert b[0]["loss"] < (a[0]["loss"] + a[-1]["loss"]) / 2, (a[0]["loss"], a[-1]["loss"], b[0])
+  x, y = mf.load_medusa(first + "/head"), mf.load_medusa(then + "/head")
+  assert x.config == y.config and y.config.lm_head == lm_head and y.config.num_heads == 3
+  np.testing.assert_array_equal(np.asarray(y.draft_to_target[...]),
+                                np.asarray(x.draft_to_target[...]))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-heads", "2"], "drop --num-heads 2 (the head has 4)"),
+    (["--draft-vocab", "32"], "drop --draft-vocab 32 (the head has 56)"),
+    (["--lm-head", "target"], "drop --lm-head target (the head has own)"),
+    (["--vocab-coverage", "0.9"], "drop --vocab-coverage"),
+])
+def test_init_refuses_flags_that_differ_from_the_head(target, data_dir, tmp_path, monkeypatch,
+                                                      argv, message):
+  import os
+
+  from jspec.drafters.medusa import checkpoint as mf
+  data, _ = data_dir
+  head = str(tmp_path / "head")
+  mf.save_medusa(medusa.init_head(target, IDS), head, dtype=jnp.float32, verifier="tiny")
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "2",
+               "--init", head, *argv)
+  assert message in str(e.value)
+  assert not os.path.exists(tmp_path / "c")        # refused before anything was written
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
+               "--init", str(tmp_path / "nothing"))
+  assert str(tmp_path / "nothing") in str(e.value)
