@@ -46,7 +46,7 @@ SHIPPED: list[tuple[str, dict, str, str]] = [
     ("medusa", _SMOLLM2_135M, "smollm2-135m-instruct-medusa",
      "f6e7a8ff4ce79d163a88adc44fa94b9aade46b0374988e3e4a345b6b80d57c4e"),
     ("mtp", _SMOLLM2_135M, "smollm2-135m-instruct-mtp",
-     "59015d77d97acec6b404568fd5faa2a17dcc78db0819a45e2a7c03364dd13e7d"),
+     "261b69d66726d023301da519e55ff2428af083dd1bc6220e746b3a0684cb30ef"),
     ("dflash", _SMOLLM2_135M, "smollm2-135m-instruct-dflash",
      "0c890ae8470bdfce1828636e88f28ff7c86c499d6bd5095688c2c2409a7e24bc"),
     ("dspark", _SMOLLM2_135M, "smollm2-135m-instruct-dspark",
