@@ -394,17 +394,23 @@ def test_reply_windows_label_each_reply_token_once(seq_len):
       assert wins == ([(0, 0, n)] if mask.any() else [])  # what the first window labelled
 
 
-def test_windowed_epoch_labels_every_training_reply_token(regen_dir):
-  seq_len, holdout = 16, 2
+def _reply_tokens(regen_dir, holdout):
+  """(the number of sequences, reply tokens of every sequence, of the held-out ones), each whole."""
   ds = shards.TokenShards(regen_dir, seq_len=CFG.max_position)
   whole = {ds[i]["tokens"].tobytes(): int(ds[i]["loss_mask"].sum()) for i in range(len(ds))}
   held = loader.heldout_batches(regen_dir, seq_len=CFG.max_position, batch_size=holdout,
                                 holdout=holdout)[0]
-  want = sum(whole.values()) - sum(whole[t.tobytes()] for t in held["tokens"])
+  return len(ds), sum(whole.values()), sum(whole[t.tobytes()] for t in held["tokens"])
+
+
+def test_windowed_epoch_labels_every_training_reply_token(regen_dir):
+  seq_len, holdout = 16, 2
+  n, every, held = _reply_tokens(regen_dir, holdout)
+  want = every - held
   epoch = loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, num_epochs=1,
                               holdout=holdout, windows=True)
   items = [epoch[k] for k in range(len(epoch))]
-  assert len(items) > len(ds) - holdout                  # long replies take several windows
+  assert len(items) > n - holdout                        # long replies take several windows
   assert sum(int(b["loss_mask"].sum()) for b in items) == want
   first = loader.make_dataset(regen_dir, seq_len=seq_len, batch_size=1, seed=0, num_epochs=1,
                               holdout=holdout)
@@ -413,11 +419,7 @@ def test_windowed_epoch_labels_every_training_reply_token(regen_dir):
 
 def test_windowed_holdout_reads_every_held_out_reply_token(regen_dir):
   seq_len, holdout = 16, 3
-  ds = shards.TokenShards(regen_dir, seq_len=CFG.max_position)
-  whole = {ds[i]["tokens"].tobytes(): int(ds[i]["loss_mask"].sum()) for i in range(len(ds))}
-  held = loader.heldout_batches(regen_dir, seq_len=CFG.max_position, batch_size=holdout,
-                                holdout=holdout)[0]
-  want = sum(whole[t.tobytes()] for t in held["tokens"])          # the same sequences, whole
+  _, _, want = _reply_tokens(regen_dir, holdout)                 # the same sequences, whole
   win = loader.heldout_batches(regen_dir, seq_len=seq_len, batch_size=4, holdout=holdout,
                                windows=True)
   first = loader.heldout_batches(regen_dir, seq_len=seq_len, batch_size=4, holdout=holdout)

@@ -16,6 +16,7 @@ from jspec.drafters.eagle3 import checkpoint as sf
 from jspec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Head
 from jspec.drafters.shared import cache_attend
 from jspec.train import eagle3, trainer
+from tests.jspec.train.cli_run import cli_train, train_log
 from tests.jspec.train.mixed import check_mixed_matches_float32
 from tests.jspec.train.packed import check_packed_equals_apart
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
@@ -354,20 +355,7 @@ def test_replay_cli_errors_name_the_problem(tmp_path, argv, message):
 
 def _cli_train(target, data, monkeypatch, *argv):
   """`jspec train eagle3` on the tiny target (the loader returns it)."""
-  import types
-
-  import models
-  from jspec.cli import main
-  monkeypatch.setattr(models, "load", lambda name, **k: types.SimpleNamespace(model=target,
-                                                                              name="tiny"))
-  main(["train", "eagle3", "--data", data, "--batch-size", "8", "--seq-len", "64", "--lr", "3e-3",
-        "--warmup", "5", "--save-every", "20", "--eval-every", "20", "--holdout", "8",
-        "--no-progress", "--dtype", "fp32", *argv])
-
-
-def _log(folder):
-  with open(os.path.join(folder, "train_log.jsonl")) as f:
-    return [json.loads(line) for line in f]
+  cli_train("eagle3", target, data, monkeypatch, *argv)
 
 
 def test_init_continues_from_an_exported_head(target, data_dir, tmp_path, monkeypatch):
@@ -378,7 +366,7 @@ def test_init_continues_from_an_exported_head(target, data_dir, tmp_path, monkey
   _cli_train(target, data, monkeypatch, "--out", first, "--steps", "40", "--draft-vocab", "48")
   then = str(tmp_path / "b")
   _cli_train(target, data, monkeypatch, "--out", then, "--steps", "6", "--init", first + "/head")
-  a, b = _log(first), _log(then)
+  a, b = train_log(first), train_log(then)
   assert a[-1]["loss"] < a[0]["loss"] - 1.0, (a[0]["loss"], a[-1]["loss"])
   assert b[0]["loss"] < (a[0]["loss"] + a[-1]["loss"]) / 2, (a[0]["loss"], a[-1]["loss"], b[0])
   vocab = lambda f: np.asarray(sf.load_eagle3(f).draft_to_target[...])

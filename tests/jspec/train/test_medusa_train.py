@@ -11,6 +11,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder
 from jspec.train import eagle3, medusa, trainer
+from tests.jspec.train.cli_run import cli_train, train_log
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 from models import Llama, LlamaConfig
 
@@ -142,22 +143,7 @@ def test_feature_cache_last_slot_serves(target, data_dir, tmp_path):
 
 def _cli_train(target, data, monkeypatch, *argv):
   """`jspec train medusa` on the tiny target (the loader returns it)."""
-  import types
-
-  import models
-  from jspec.cli import main
-  monkeypatch.setattr(models, "load", lambda name, **k: types.SimpleNamespace(model=target,
-                                                                              name="tiny"))
-  main(["train", "medusa", "--data", data, "--batch-size", "8", "--seq-len", "64", "--lr", "1e-2",
-        "--warmup", "5", "--save-every", "20", "--eval-every", "20", "--holdout", "8",
-        "--no-progress", "--dtype", "fp32", *argv])
-
-
-def _log(folder):
-  import json
-  import os
-  with open(os.path.join(folder, "train_log.jsonl")) as f:
-    return [json.loads(line) for line in f]
+  cli_train("medusa", target, data, monkeypatch, *argv, lr="1e-2")
 
 
 @pytest.mark.parametrize("lm_head", ["own", "target"])
@@ -171,7 +157,7 @@ def test_init_continues_from_exported_heads(target, data_dir, tmp_path, monkeypa
              "--num-heads", "3", "--lm-head", lm_head)
   _cli_train(target, data, monkeypatch, "--out", then, "--steps", "6", "--init", first + "/head",
              "--num-heads", "3")                           # agreeing with the head is allowed
-  a, b = _log(first), _log(then)
+  a, b = train_log(first), train_log(then)
   assert a[-1]["loss"] < a[0]["loss"] - 1.0, (a[0]["loss"], a[-1]["loss"])
   assert b[0]["loss"] < (a[0]["loss"] + a[-1]["loss"]) / 2, (a[0]["loss"], a[-1]["loss"], b[0])
   x, y = mf.load_medusa(first + "/head"), mf.load_medusa(then + "/head")
