@@ -44,7 +44,7 @@ SHIPPED: list[tuple[str, dict, str, str]] = [
     ("eagle3", _SMOLLM2_135M, "smollm2-135m-instruct-eagle3",
      "8c8e0fc696f2e3a03e2d937cd3d66ea0d00851b745cf5a01346f526b6609937d"),
     ("medusa", _SMOLLM2_135M, "smollm2-135m-instruct-medusa",
-     "f6e7a8ff4ce79d163a88adc44fa94b9aade46b0374988e3e4a345b6b80d57c4e"),
+     "ed31ad61f403ccd78dbc1e3535cdd5c7032df19af8fc697281098917e42bda80"),
     ("mtp", _SMOLLM2_135M, "smollm2-135m-instruct-mtp",
      "261b69d66726d023301da519e55ff2428af083dd1bc6220e746b3a0684cb30ef"),
     ("dflash", _SMOLLM2_135M, "smollm2-135m-instruct-dflash",
