@@ -189,3 +189,15 @@ def test_init_refuses_flags_that_differ_from_the_head(target, data_dir, tmp_path
     _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
                "--init", str(tmp_path / "nothing"))
   assert str(tmp_path / "nothing") in str(e.value)
+
+
+def test_init_from_heads_of_another_target_is_refused(target, data_dir, tmp_path, monkeypatch):
+  from jspec.drafters.medusa import checkpoint as mf
+  data, _ = data_dir
+  other = Llama(LlamaConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8), rngs=nnx.Rngs(1))
+  head = str(tmp_path / "other")
+  mf.save_medusa(medusa.init_head(other, IDS), head, dtype=jnp.float32, verifier="tiny")
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "6",
+               "--init", head)
+  assert "was trained for another target (hidden 32" in str(e.value)
