@@ -5,9 +5,9 @@ the model-free suffix, lookahead and prediction drafters D = 3; EAGLE-3 also wit
 "auto" (every length and plain rounds; n-gram's adaptive rounds are in the tiny-model tests and
 every benchmark run); EAGLE-2 trees of 10 nodes on the EAGLE-3 head; the best static Medusa tree of
 8 nodes; EAGLE-2 trees of 6 nodes on the MTP module; DFlash blocks of 8 (D = 7); DSpark blocks of 4
-(D = 4) and of 8 with confidence-scheduled prefixes. (Chains of other lengths are in
-the tiny-model tests, the exact enumeration and the Monte-Carlo test; the CI budget bounds this
-file.)
+(D = 4) and of 8 with confidence-scheduled prefixes; the n-gram / EAGLE-3 hybrid D = 3.
+(Chains of other lengths are in the tiny-model tests, the exact enumeration and the Monte-Carlo
+test; the CI budget bounds this file.)
 
 A (1+D)-token verify and a 1-token decode reduce in different orders, so where the plain path's
 own top-2 logit gap is below 1e-4 either token is correct: rows are compared up to the first such
@@ -71,11 +71,13 @@ DRAFTERS = {
     "dspark": lambda d: ({"method": "dspark", "num_speculative_tokens": d}, False),
     "dspark_schedule": lambda d: ({"method": "dspark", "num_speculative_tokens": d,
                                    "confidence_schedule": True}, False),
+    # n-gram lookup where a 2-gram repeats, the shipped EAGLE-3 head elsewhere
+    "hybrid": lambda d: ({"method": "hybrid", "num_speculative_tokens": d}, False),
 }
 DEPTHS = {"ngram": (7,), "draft_model": (1,), "layer_skip": (1,), "eagle3": (5,), "suffix": (3,),
           "lookahead": (3,), "prediction": (3,), "eagle3_auto": ("auto",),
           "eagle3_tree": (10,), "medusa_tree": (8,), "mtp_tree": (6,), "dflash": (7,),
-          "dspark": (4,), "dspark_schedule": (8,)}
+          "dspark": (4,), "dspark_schedule": (8,), "hybrid": (3,)}
 # B = 4 for every case; B = 1 as well for n-gram, EAGLE-3 and DSpark D = 4 (one model-free chain,
 # one serial head, one block head): each B = 4 row is decoded independently, so B = 1 adds little
 # for the rest ("auto" and DFlash at B = 1 were dropped for CI time, 230 s: their B = 1 programs
@@ -115,7 +117,8 @@ def eagle3_head(smollm):
 @pytest.mark.parametrize("name, d, batch", CASES)
 def test_greedy_identity(smollm, prompts, plain, eagle3_head, name, d, batch):
   cfg, self_draft = DRAFTERS[name](d)
-  draft = smollm.model if self_draft else (eagle3_head if name.startswith("eagle3") else None)
+  draft = smollm.model if self_draft else (
+      eagle3_head if name.startswith("eagle3") or name == "hybrid" else None)
   # "auto" without timing its rounds at compile (the timing changes no token: test_adaptive)
   sd = SpecDecoder(smollm.model, cfg, draft_model=draft, time_rounds=False)
   # predictions: the plain output with a gap and a wrong token (re-synchronisation), none for

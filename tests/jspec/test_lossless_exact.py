@@ -66,6 +66,17 @@ def _model_free_drafter(name, d):
     def fn(tokens, length):
       state = drafter.init_state(None, tokens, context(tokens, length), 32)
       return drafter.propose(None, state, context(tokens, length), None)[0]
+  elif name in ("ngram", "hybrid"):   # n-gram lookup; the hybrid: it, else a table's argmax chain
+    from jspec.drafters.hybrid import HybridDrafter
+    from jspec.drafters.model_free.ngram import NgramDrafter
+    drafter = NgramDrafter(d, 1, 4)
+    if name == "hybrid":
+      drafter = HybridDrafter(drafter, _TableDrafter(d))
+    params = {"copy": None, "learned": None} if name == "hybrid" else None
+
+    def fn(tokens, length):
+      state = drafter.init_state(params, tokens, context(tokens, length), 32)
+      return drafter.propose(params, state, context(tokens, length), None)[0]
   elif name == "suffix":
     drafter = SuffixDrafter(d, max_depth=4, cache_tokens=32)
     params = SuffixCache(jnp.asarray(pack_cache(_CACHED, 32)))
@@ -88,6 +99,34 @@ def _model_free_drafter(name, d):
       state = dataclasses.replace(state, pos=jnp.full((1,), -1, jnp.int32))   # resync from ctx
       return drafter.propose(None, state, context(tokens, length), None)[0]
   return jax.jit(fn)
+
+
+@dataclasses.dataclass(frozen=True)
+class _TableDrafter:
+  """The hybrid's learned side in the enumeration: DRAFT's argmax chain (deterministic, q None)."""
+  num_draft: int
+  target_taps: tuple = ()
+  tree = False
+  num_extra = 0
+  confidence_schedule = False
+  variable_length = False
+
+  def init_state(self, params, prompt, ctx, max_len):
+    return ()
+
+  def commit(self, params, state, ctx):
+    return state
+
+  def propose(self, params, state, ctx, key):
+    from jspec.drafters.base import Draft
+    table = jnp.asarray(DRAFT)
+    rows = jnp.arange(ctx.tokens.shape[0])
+    a, b = ctx.tokens[rows, ctx.length - 2], ctx.tokens[rows, ctx.length - 1]
+    out = []
+    for _ in range(self.num_draft):
+      a, b = b, jnp.argmax(table[a, b], axis=-1).astype(jnp.int32)
+      out.append(b)
+    return Draft(tokens=jnp.stack(out, axis=1)), state
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,6 +172,11 @@ def spec_joint(params, d, mode, limit=None):
     if mode.startswith("drafter:"):
       tokens, n = model_free_draft(mode.split(":")[1], ctx, d)
       drafts, lengths = [(tokens, 1.0)], jnp.asarray([n], jnp.int32)
+    copied = False
+    if mode == "hybrid-sampled":   # the hybrid over a sampled learned drafter: copy, else sample
+      tokens, n = model_free_draft("ngram", ctx, d)
+      if n > 0:
+        drafts, lengths, copied = [(tokens, 1.0)], jnp.asarray([n], jnp.int32), True
     markov = mode.startswith("markov")
     slot_logits = lambda s: BLOCK[ctx[-1], len(s)] + MARKOV[(ctx + s)[-1]]
     for _ in range(d if lengths is None else 0):
@@ -140,7 +184,8 @@ def spec_joint(params, d, mode, limit=None):
       ctxs = [ctx + s for s, _ in drafts]
       q = _dist(table, ctxs, params, [slot_logits(s) for s, _ in drafts] if markov else None)
       for (s, w), qrow in zip(drafts, q):
-        if mode == "sampled" or markov:   # all V branches (zero-weight ones too: fixed shapes)
+        if mode in ("sampled", "hybrid-sampled") or markov:   # all V branches (zero-weight
+          # ones too: fixed shapes)
           nxt += [(s + (x,), w * qrow[x]) for x in range(V)]
         elif mode == "block":   # DFlash: each slot's argmax, whatever the drafts before it
           nxt.append((s + (int(np.argmax(BLOCK[ctx[-1], len(s)])),), w))
@@ -161,7 +206,7 @@ def spec_joint(params, d, mode, limit=None):
     p = _dist(TARGET, [ctx + s[:i] for s in seqs for i in range(d + 1)], params)
     p = p.reshape(len(seqs), d + 1, V)
     q = None
-    if mode == "sampled" or markov:
+    if (mode in ("sampled", "hybrid-sampled") and not copied) or markov:
       q = _dist(table, [ctx + s[:i] for s in seqs for i in range(d)], params,
                 [slot_logits(s[:i]) for s in seqs for i in range(d)] if markov else None)
       q = jnp.asarray(q.reshape(len(seqs), d, V), jnp.float32)
@@ -221,6 +266,8 @@ PARAMS = {
                                              (3, "drafter:lookahead", None),
                                              (3, "drafter:prediction", None),
                                              (3, "drafter:bigram", None),
+                                             (3, "drafter:hybrid", None),
+                                             (3, "hybrid-sampled", None),
                                              (3, "block", None), (3, "markov", None),
                                              (3, "markov-scheduled", None)])
 def test_first_three_tokens_are_distributed_as_the_target(name, d, mode, limit):
@@ -250,6 +297,21 @@ def test_model_free_drafters_propose_in_the_enumeration(name):
   lengths = [model_free_draft(name, c, 3)[1] for c in ctxs]
   share = 3 if name == "bigram" else 2
   assert sum(n > 0 for n in lengths) > len(ctxs) // share and len(set(lengths)) >= 2, lengths
+
+
+def test_the_hybrid_mixes_both_drafters_in_the_enumeration():
+  """In the enumerated contexts the hybrid copies (the n-gram's draft) in some and drafts DRAFT's
+  argmax chain (all 3 tokens) in the others."""
+  ctxs = [PROMPT + s for n in range(NEED) for s in itertools.product(range(V), repeat=n)]
+  copied = learned = 0
+  for c in ctxs:
+    tokens, n = model_free_draft("hybrid", c, 3)
+    copy, m = model_free_draft("ngram", c, 3)
+    if m > 0:
+      copied += (tokens, n) == (copy, m)
+    else:
+      learned += n == 3
+  assert copied + learned == len(ctxs) and min(copied, learned) > len(ctxs) // 5, (copied, learned)
 
 
 def test_verifying_a_sampled_draft_as_one_hot_loses_acceptance():

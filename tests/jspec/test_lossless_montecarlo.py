@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 80,000 rows (3 sampled
-parameter groups of 25,000, and 5,000 greedy rows that must all take the argmax path). A chi-square test per sampled group at p < 1e-4 (45 tests in this file) gives a
+parameter groups of 25,000, and 5,000 greedy rows that must all take the argmax path). A chi-square test per sampled group at p < 1e-4 (59 tests in this file) gives a
 false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -158,7 +158,7 @@ def block_modules(target):
                                     "draft_model-moe", "draft_model-auto-bf16cache",
                                     "eagle3-tree", "medusa", "medusa-tree",
                                     "medusa-shared", "mtp",
-                                    "dflash", "dspark-schedule"])
+                                    "dflash", "dspark-schedule", "hybrid"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cache_target,
                                                      draft, eagle3_head,
                                                      eagle3_shared_head, medusa_head,
@@ -166,7 +166,7 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cac
                                                      block_modules, method):
   cfg = {"method": method, "num_speculative_tokens": 2}
   drafts = {"draft_model": draft, "eagle3": eagle3_head, "medusa": medusa_head,
-            "mtp": mtp_module, **block_modules}
+            "mtp": mtp_module, "hybrid": eagle3_head, **block_modules}
   if method == "eagle3-shared":  # drafting with the target's LM-head rows
     method = cfg["method"] = "eagle3"
     drafts["eagle3"] = eagle3_shared_head
@@ -193,6 +193,8 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cac
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])
   if method == "layer_skip":
     cfg["num_layers"] = 1
+  if method == "hybrid":     # sampled EAGLE-3 drafts, or the n-gram's where the last token repeats
+    cfg["prompt_lookup_min"] = 1
   if method == "suffix":     # a small global cache, refilled between chunks from their outputs
     cfg.update(cache_tokens=16, max_tree_depth=4)
   if method == "lookahead":  # 20,000 rows: a small pool
