@@ -361,12 +361,54 @@ def cmd_mtp(args) -> None:
              module, folder, dtype=dtype, num_draft=args.mtp_steps, verifier=verifier))
 
 
+BLOCK_SHAPE = dict(num_layers=1, block_size=8, sliding_window=0, markov_rank=256,
+                   draft_vocab=8192)    # the defaults of `jspec train dflash | dspark`
+
+
+def _block_init(args, kind: str):
+  """--init: the module of a DFlash / DSpark head folder; its shape flags come from the folder (a
+  flag given may only agree). None without --init."""
+  from jspec.drafters.dflash import checkpoint as dflash_format
+
+  if args.init is None:
+    return None
+  module = dflash_format.load(args.init, kind)
+  c = module.config
+  has = dict(num_layers=c.num_layers, block_size=c.block_size, sliding_window=c.sliding_window,
+             draft_vocab=c.draft_vocab_size, mask_token=c.mask_token_id,
+             taps=",".join(str(t) for t in c.taps))
+  if kind == "dspark":
+    has["markov_rank"] = c.markov_rank
+  clash = [f"--{k.replace('_', '-')} {getattr(args, k)} (the head has {v})"
+           for k, v in has.items() if getattr(args, k) not in (None, v)
+           and (k != "taps" or _ints(args.taps, "--taps") != tuple(c.taps))]
+  if args.markov_gated and not c.markov_gated:
+    clash.append("--markov-gated (the head's Markov head is not gated)")
+  if args.vocab_coverage is not None:
+    clash.append(f"--vocab-coverage {args.vocab_coverage} (the head has its vocabulary)")
+  if clash:
+    raise ValueError(f"--init {args.init} fixes the module's shape and draft vocabulary; drop "
+                     f"{', '.join(clash)}")
+  for k, v in has.items():
+    setattr(args, k, v)
+  args.markov_gated = c.markov_gated
+  return module
+
+
 def _cmd_block(args, kind: str) -> None:
   from jspec.drafters import heads
   from jspec.drafters.dflash import checkpoint as dflash_format
   from jspec.train import dflash
   from jspec.train.shards import token_counts
   from jspec.train.features import cache_features
+
+  try:
+    init = _block_init(args, kind)
+  except (ValueError, OSError) as e:
+    sys.exit(f"jspec: {e}")
+  for k, v in BLOCK_SHAPE.items():
+    if getattr(args, k) is None:
+      setattr(args, k, v)
 
   def validate():
     _positive(args, "num_layers", "block_size", "max_anchors")
@@ -380,6 +422,15 @@ def _cmd_block(args, kind: str) -> None:
       _positive(args, "markov_rank")
 
   def make_task(target, ids):
+    common = dict(gamma=args.gamma, max_anchors=args.max_anchors, seed=args.seed,
+                  compute_dtype=COMPUTE_DTYPES[args.compute_dtype])
+    if init is not None:
+      c, t = init.config, target.config
+      if (c.hidden_size, c.vocab_size) != (t.hidden_size, t.vocab_size):
+        raise ValueError(f"--init {args.init} was trained for another target (hidden "
+                         f"{c.hidden_size}, vocabulary {c.vocab_size}); this one has "
+                         f"{t.hidden_size}, {t.vocab_size}")
+      return dflash.block_task(target, ids, kind, module=init, **common)
     mask = args.mask_token
     if mask is None:   # the first token id that never occurs in the data
       unused = np.flatnonzero(token_counts(args.data, target.config.vocab_size,
@@ -392,17 +443,19 @@ def _cmd_block(args, kind: str) -> None:
                              block_size=args.block_size, mask_token_id=mask,
                              taps=_ints(args.taps, "--taps"), markov_rank=args.markov_rank,
                              markov_gated=args.markov_gated,
-                             sliding_window=args.sliding_window, gamma=args.gamma,
-                             max_anchors=args.max_anchors, seed=args.seed,
-                             compute_dtype=COMPUTE_DTYPES[args.compute_dtype])
+                             sliding_window=args.sliding_window, **common)
 
   def prepare(target, folder, cfg, task):
     cache_features(target, args.data, folder, taps=tuple(task.meta["head"]["taps"]),
                    batch_size=cfg.batch_size, progress=not args.no_progress)
 
+  ids = None
+  if init is not None:
+    ids = np.asarray((init.backbone if kind == "dspark" else init).draft_to_target[...])
   _train(args, heads.WEIGHTS, validate, make_task, prepare,
          lambda module, folder, dtype, verifier: dflash_format.save(module, folder, dtype=dtype,
-                                                                    verifier=verifier))
+                                                                    verifier=verifier),
+         draft_ids=ids)
 
 
 def cmd_dflash(args) -> None:
@@ -663,11 +716,12 @@ def add_parser(sub, default_model: str) -> None:
                      ("dspark", "a DSpark block drafter (DFlash backbone + Markov and confidence "
                                 "heads)")):
     b = tsub.add_parser(kind, help=f"train {text} (orbax checkpoints; resumes)")
-    _common(b, default_model, lr=6e-4, warmup=30, draft_vocab=8192)
-    b.add_argument("--num-layers", type=int, default=1, help="draft layers (target-shaped)")
-    b.add_argument("--block-size", type=int, default=8,
+    _common(b, default_model, lr=6e-4, warmup=30, draft_vocab=None)
+    b.add_argument("--num-layers", type=int, default=None,
+                   help="draft layers (target-shaped; default 1)")
+    b.add_argument("--block-size", type=int, default=None,
                    help="block slots, the anchor included (drafts: bs-1 for DFlash, bs for "
-                        "DSpark)")
+                        "DSpark; default 8)")
     b.add_argument("--gamma", type=float, default=4.0,
                    help="slot j's loss weight is exp(-(j-1)/gamma)")
     b.add_argument("--max-anchors", type=int, default=64, help="blocks per sequence per step")
@@ -677,9 +731,15 @@ def add_parser(sub, default_model: str) -> None:
     b.add_argument("--mask-token", type=int, default=None,
                    help="target token id whose embedding fills the MASK slots (default: the "
                         "first id that never occurs in the data)")
-    b.add_argument("--sliding-window", type=int, default=0,
-                   help="a block query at position p sees context positions > p - W (0: all)")
-    b.add_argument("--markov-rank", type=int, default=256, help="DSpark's Markov head rank")
+    b.add_argument("--sliding-window", type=int, default=None,
+                   help="a block query at position p sees context positions > p - W (0, the "
+                        "default: all)")
+    b.add_argument("--markov-rank", type=int, default=None,
+                   help="DSpark's Markov head rank (default 256)")
+    b.add_argument("--init", default=None,
+                   help=f"start from this {kind} head folder (its shape, draft vocabulary, MASK "
+                        "token, taps and weights; the optimiser and schedule start afresh), e.g. "
+                        "to train an exported head further on new data")
     b.add_argument("--markov-gated", action="store_true", help="DSpark's gated Markov head")
     _compute_dtype_flag(b)
     b.add_argument("--cache-features", action="store_true",

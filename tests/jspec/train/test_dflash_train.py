@@ -149,3 +149,73 @@ def test_mixed_precision_training_matches_float32_and_keeps_float32_results(targ
   check_mixed_matches_float32(
       lambda dt: dflash.block_task(target, IDS, kind, max_anchors=8, seed=2, compute_dtype=dt),
       batch, min_products=12)
+
+
+def _cli_train(kind, target, data, monkeypatch, *argv):
+  """`jspec train dflash | dspark` on the tiny target (the loader returns it)."""
+  from tests.jspec.train.cli_run import cli_train
+  cli_train(kind, target, data, monkeypatch, "--max-anchors", "12", *argv, lr="3e-3")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_init_continues_from_an_exported_head(target, data_dir, tmp_path, monkeypatch, kind):
+  """`--init HEAD` starts from the head's weights, shape, vocabulary and MASK token: the continued
+  run's first loss is a trained head's, not a fresh one's, and its export keeps the config."""
+  from jspec.drafters.dflash import checkpoint as fmt
+  from tests.jspec.train.cli_run import train_log
+  data, feats, _ = data_dir
+  first, then = str(tmp_path / "a"), str(tmp_path / "b")
+  shape = ["--block-size", "4", "--draft-vocab", "48", "--mask-token", "1"] + (
+      ["--markov-rank", "16"] if kind == "dspark" else [])
+  _cli_train(kind, target, data, monkeypatch, "--out", first, "--steps", "40",
+             "--features", feats, *shape)
+  _cli_train(kind, target, data, monkeypatch, "--out", then, "--steps", "6", "--features", feats,
+             "--init", first + "/head", "--block-size", "4")    # agreeing is allowed
+  a, b = train_log(first), train_log(then)
+  assert a[-1]["loss"] < 0.8 * a[0]["loss"], (a[0]["loss"], a[-1]["loss"])
+  assert b[0]["loss"] < (a[0]["loss"] + a[-1]["loss"]) / 2, (a[0]["loss"], a[-1]["loss"], b[0])
+  x, y = fmt.load(first + "/head", kind), fmt.load(then + "/head", kind)
+  assert x.config == y.config and y.config.block_size == 4 and y.config.draft_vocab_size == 48
+  ids = lambda m: np.asarray((m.backbone if kind == "dspark" else m).draft_to_target[...])
+  np.testing.assert_array_equal(ids(x), ids(y))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--block-size", "3"], "drop --block-size 3 (the head has 8)"),
+    (["--draft-vocab", "32"], "drop --draft-vocab 32 (the head has 64)"),
+    (["--sliding-window", "16"], "drop --sliding-window 16 (the head has 0)"),
+    (["--taps", "1,2,3"], "drop --taps 1,2,3"),
+    (["--mask-token", "5"], "drop --mask-token 5 (the head has 1)"),
+    (["--markov-rank", "8"], "drop --markov-rank 8 (the head has 256)"),
+    (["--vocab-coverage", "0.9"], "drop --vocab-coverage"),
+])
+def test_init_refuses_flags_that_differ_from_the_head(target, data_dir, tmp_path, monkeypatch,
+                                                      argv, message):
+  from jspec.drafters.dflash import checkpoint as fmt
+  data, _, _ = data_dir
+  head = str(tmp_path / "head")
+  fmt.save(dflash.init_module(target, IDS, "dspark", mask_token_id=1), head, dtype=jnp.float32,
+           verifier="tiny")
+  with pytest.raises(SystemExit) as e:
+    _cli_train("dspark", target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "2",
+               "--init", head, *argv)
+  assert message in str(e.value)
+  assert not os.path.exists(tmp_path / "c")        # refused before anything was written
+  with pytest.raises(SystemExit) as e:             # a head of the other kind
+    _cli_train("dflash", target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
+               "--init", head)
+  assert "not 'dflash'" in str(e.value)
+
+
+def test_init_from_a_head_of_another_target_is_refused(target, data_dir, tmp_path, monkeypatch):
+  from jspec.drafters.dflash import checkpoint as fmt
+  data, feats, _ = data_dir
+  other = Llama(LlamaConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8, num_layers=3),
+                rngs=nnx.Rngs(1))
+  head = str(tmp_path / "other")
+  fmt.save(dflash.init_module(other, IDS, "dflash", mask_token_id=1), head, dtype=jnp.float32,
+           verifier="tiny")
+  with pytest.raises(SystemExit) as e:
+    _cli_train("dflash", target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "6",
+               "--features", feats, "--init", head)
+  assert "was trained for another target (hidden 32" in str(e.value)
