@@ -93,7 +93,10 @@ class AdaptiveParams:
 @dataclasses.dataclass(frozen=True)
 class AdaptiveState:
   inner: Any
-  est: jax.Array           # [B, D_max] per-row conditional acceptance estimates
+  est: jax.Array           # [B, R, D_max] per-row conditional acceptance estimates, one set per
+                           # regime of the inner drafter (R = its `regimes`; 1 for most)
+  regime: jax.Array        # [B] this round's regime per row (`prepare`)
+  avail: jax.Array         # [B] drafts this round's regime can propose (D_max unless known)
   chosen: jax.Array        # [len(lengths)] rounds that verified each length
   last: jax.Array          # [] the index into lengths of the last round's width
   mix: jax.Array           # [P] weights of params.cost's paddings at this call's prompt padding
@@ -177,12 +180,29 @@ class AdaptiveDrafter(WidthPolicy):
     below = [i for i, s in enumerate(self.batch_sizes) if s <= b]
     return below[-1] if below else 0
 
+  @property
+  def regimes(self) -> int:
+    return self.inner.regimes
+
   def init_state(self, params: AdaptiveParams, prompt, ctx, max_len: int) -> AdaptiveState:
     b, width = prompt.shape
     return AdaptiveState(self.inner.init_state(params.inner, prompt, ctx, max_len),
-                         jnp.broadcast_to(params.prior, (b, self.num_draft)),
+                         jnp.broadcast_to(params.prior, (b, self.regimes, self.num_draft)),
+                         jnp.zeros((b,), jnp.int32), jnp.full((b,), self.num_draft, jnp.int32),
                          jnp.zeros((len(self.lengths),), jnp.int32), jnp.zeros((), jnp.int32),
                          padding_weights(params.log_padding, width), jnp.zeros((b,), jnp.float32))
+
+  def prepare(self, params: AdaptiveParams, state: AdaptiveState, ctx) -> AdaptiveState:
+    """Reads the inner drafter's regime per row for this round (a drafter with `regimes` > 1: the
+    hybrid's copy or learned side), so that the choice uses that regime's estimates."""
+    if self.regimes == 1:
+      return state
+    regime, avail = self.inner.regime(params.inner, state.inner, ctx)
+    return dataclasses.replace(state, regime=regime, avail=avail)
+
+  def _current(self, state: AdaptiveState) -> jax.Array:
+    """[B, D_max] the estimates of each row's regime this round."""
+    return jnp.take_along_axis(state.est, state.regime[:, None, None], axis=1)[:, 0]
 
   def propose(self, params: AdaptiveParams, state: AdaptiveState, ctx, key, num=None):
     extra = {} if num is None else {"num": num}
@@ -213,8 +233,8 @@ class AdaptiveDrafter(WidthPolicy):
     `remaining` [B]: the tokens each row may still make, `choose_length`)."""
     cost = self._cost(params, state)
     rate = None if remaining is None else self._rate(state, cost)
-    return choose_length(state.est, draft_len, live, self.lengths, cost, self.plain_block,
-                         remaining, rate)
+    return choose_length(self._current(state), jnp.minimum(draft_len, state.avail), live,
+                         self.lengths, cost, self.plain_block, remaining, rate)
 
   def _cost(self, params, state: AdaptiveState) -> jax.Array:
     return cost_at(params.cost, state.mix)[self._cost_row(state.est.shape[0])]
@@ -222,8 +242,9 @@ class AdaptiveDrafter(WidthPolicy):
   def _rate(self, state: AdaptiveState, cost: jax.Array) -> jax.Array:
     """[B] the rows' long-run tokens per unit of cost; before any round, the best
     AL_b(D_k) / cost_k of the current estimates with every position proposed."""
-    b, d = state.est.shape
-    al = expected_lengths(state.est, jnp.full((b,), d, jnp.int32), self.lengths, self.plain_block)
+    est = self._current(state)
+    b, d = est.shape
+    al = expected_lengths(est, jnp.full((b,), d, jnp.int32), self.lengths, self.plain_block)
     return jnp.where(state.rate > 0, state.rate, jnp.max(al / cost, axis=1))
 
   def observe(self, params, state: AdaptiveState, k: jax.Array, n_acc: jax.Array,
@@ -232,8 +253,9 @@ class AdaptiveDrafter(WidthPolicy):
     """Folds this round's outcomes into the estimates and the rows' token rates (after the choice
     was made)."""
     width = jnp.asarray(self.lengths, jnp.int32)[k]
-    est = update_estimates(state.est, width, n_acc, emitted, draft_tokens, draft_len, live,
-                           self.decay)
+    cur = update_estimates(self._current(state), width, n_acc, emitted, draft_tokens, draft_len,
+                           live, self.decay)
+    est = state.est.at[jnp.arange(cur.shape[0]), state.regime].set(cur)
     cost = self._cost(params, state)
     tokens = jnp.where(width == 0, float(self.plain_block), n_acc.astype(jnp.float32) + 1.0)
     prev = self._rate(state, cost)

@@ -194,13 +194,13 @@ def _policy_round(model, drafter: WidthPolicy, drafter_params, state: SpecState,
   plain_block - 1 more target steps, so that the round's fixed work is paid once per plain_block
   tokens. Returns (n_acc, n_more, new, cache, hidden, extra_argmax, draft_len, drafter state)."""
   b, d = state.tokens.shape[0], drafter.num_draft
+  dstate = drafter.prepare(drafter_params, state.drafter_state, ctx)
   if drafter.choose_before_drafting:
-    k = drafter.choose(drafter_params, state.drafter_state, jnp.full((b,), d, jnp.int32), live,
-                       remaining)
+    k = drafter.choose(drafter_params, dstate, jnp.full((b,), d, jnp.int32), live, remaining)
     num = drafter.num_to_draft(k, step)
-    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys, num=num)
+    draft, dstate = drafter.propose(drafter_params, dstate, ctx, draft_keys, num=num)
   else:
-    draft, dstate = drafter.propose(drafter_params, state.drafter_state, ctx, draft_keys)
+    draft, dstate = drafter.propose(drafter_params, dstate, ctx, draft_keys)
   draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
   if not drafter.choose_before_drafting:
     k = drafter.choose(drafter_params, dstate, draft_len, live, remaining)

@@ -106,6 +106,11 @@ class Drafter:
                                      # key) -> (Draft, [B, D] confidence logits): verified under
                                      # jspec.confidence's schedule
   temperatures: tuple[float, ...] = ()   # the confidences' per-position calibration (none: 1)
+  regimes: int = 1                   # > 1: each round a row drafts in one of several regimes
+                                     # (the hybrid: copy or learned), read before the round by
+                                     # regime(params, state, ctx) -> ([B] regime, [B] drafts it
+                                     # can propose); the adaptive length keeps an acceptance
+                                     # estimate per regime
 
   def make_request(self, prediction: Sequence | None, batch_size: int, *, vocab_size: int,
                    tokenizer=None) -> Any:
@@ -137,6 +142,10 @@ class WidthPolicy(Drafter):
   def plain_block(self) -> int:
     """Target steps a plain round (width 0) decodes."""
     raise NotImplementedError
+
+  def prepare(self, params: Any, state: Any, ctx: Context) -> Any:
+    """The state before the round's choice, from the committed context only (default: as is)."""
+    return state
 
   def choose(self, params: Any, state: Any, draft_len: jax.Array, live: jax.Array,
              remaining: jax.Array | None = None) -> jax.Array:

@@ -11,6 +11,9 @@ both kinds and for sampled learned drafts (a copied row's q is one-hot at its to
 copy drafter alone). The learned drafter's state is committed every round whoever drafted (its
 commit reads the target's taps of the committed block, not its own drafts), and its propose is
 skipped in a round where every row copies (`lax.cond`; at B = 1, every round with a match).
+Under the adaptive draft length (`"auto"`) the two sides are two regimes (`regime`): the choice
+reads whether a row copies this round, and how far its copy goes, before anything is drafted,
+and keeps separate acceptance estimates for copied and learned drafts.
 """
 
 from __future__ import annotations
@@ -66,10 +69,23 @@ class HybridDrafter(Drafter):
     return HybridState(self.copy.init_state(params["copy"], prompt, ctx, max_len),
                        self.learned.init_state(params["learned"], prompt, ctx, max_len))
 
+  regimes = 2                 # the adaptive length keeps one estimate per side: 0 learned, 1 copy
+
+  def _copy(self, params, state: HybridState, ctx: Context, key):
+    copy, copy_state = self.copy.propose(params["copy"], state.copy, ctx, key)
+    b, d = ctx.tokens.shape[0], self.num_draft
+    copy_len = jnp.full((b,), d, jnp.int32) if copy.length is None else copy.length
+    return copy, copy_len, copy_state
+
+  def regime(self, params, state: HybridState, ctx: Context):
+    """([B] 1 where the row copies this round, else 0; [B] the drafts that side proposes)."""
+    _, copy_len, _ = self._copy(params, state, ctx, None)
+    use = copy_len > 0
+    return use.astype(jnp.int32), jnp.where(use, copy_len, self.num_draft).astype(jnp.int32)
+
   def propose(self, params, state: HybridState, ctx: Context, key, num=None):
     b, d = ctx.tokens.shape[0], self.num_draft
-    copy, copy_state = self.copy.propose(params["copy"], state.copy, ctx, key)
-    copy_len = jnp.full((b,), d, jnp.int32) if copy.length is None else copy.length
+    copy, copy_len, copy_state = self._copy(params, state, ctx, key)
     if num is not None:
       copy_len = jnp.minimum(copy_len, num)
     use = copy_len > 0                                                     # [B]

@@ -278,7 +278,7 @@ def test_calibrated_acceptance_is_the_starting_estimate(tiny):
                              [0.5] * 3)
   sd = SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": "auto"}, cost_table=table)
   state, _ = sd.prefill(_prompts(0, [5, 6]), max_new_tokens=4)
-  np.testing.assert_allclose(np.asarray(state.drafter_state.est[1]), [0.9] + [0.4] * 6)
+  np.testing.assert_allclose(np.asarray(state.drafter_state.est[1, 0]), [0.9] + [0.4] * 6)
   with pytest.raises(ValueError, match=r"in \[0, 1\]"):
     CostTable({1: {1: 1.0}}, acceptance=(1.5,))
 
@@ -375,10 +375,10 @@ def test_serial_drafters_explore_one_past_the_verified_length(tiny):
   moved = []
   for _ in range(9):
     r = int(state.round) + 1
-    before = np.asarray(state.drafter_state.est)
+    before = np.asarray(state.drafter_state.est)[:, 0]     # [B, D]: the one regime
     state = engine.spec_round(sd.graphdef, sd.weights, sd.drafter, sd.drafter_params, state,
                               sampling, eos_ids=())
-    after = np.asarray(state.drafter_state.est)
+    after = np.asarray(state.drafter_state.est)[:, 0]
     assert after[0, 0] > before[0, 0] or after[0, 0] == pytest.approx(1.0)
     assert after[0, 2] == before[0, 2]
     if after[0, 1] != before[0, 1]:
@@ -453,8 +453,9 @@ def test_rows_token_rates_follow_earlier_rounds():
   w = AdaptiveDrafter(NgramDrafter(3), lengths=(0, 1, 3))
   params = AdaptiveParams(None, jnp.asarray([[[3.3, 1.1, 1.4]]]), jnp.full((3,), 0.5),
                           jnp.zeros((1,)))
-  est = jnp.asarray([[0.5, 0.5, 0.5], [0.9, 0.9, 0.9]], jnp.float32)
-  state = AdaptiveState(None, est, jnp.zeros((3,), jnp.int32), jnp.zeros((), jnp.int32),
+  est = jnp.asarray([[[0.5, 0.5, 0.5]], [[0.9, 0.9, 0.9]]], jnp.float32)    # [B, 1 regime, D]
+  state = AdaptiveState(None, est, jnp.zeros((2,), jnp.int32), jnp.full((2,), 3, jnp.int32),
+                        jnp.zeros((3,), jnp.int32), jnp.zeros((), jnp.int32),
                         jnp.ones((1,)), jnp.zeros((2,), jnp.float32))
   assert w.plain_block == 4
   # AL with 3 proposals: row 0 4 / 1.5 / 1.875, row 1 4 / 1.9 / 3.439 -> best per cost 1.364, 2.456

@@ -139,3 +139,25 @@ def test_trees_are_refused(target, head):
     HybridDrafter(ng, tree)
   with pytest.raises(ValueError, match="equally many"):
     HybridDrafter(NgramDrafter(3, 2, 4), Eagle3Drafter.from_head(head, target, 4)[0])
+
+
+def test_the_adaptive_length_reads_which_side_drafts(target, head):
+  """Under "auto" a row's regime (copy or head) is read before the choice, with its own
+  estimates: a copying row with confident copy estimates verifies its whole copy, a row the head
+  drafts with poor head estimates is a plain round, from one and the same state."""
+  from jspec.costs import CostTable
+  costs = CostTable({1: {1: 1.0}}, round={1: {0: 1.0, 1: 1.2, 2: 1.3, 3: 1.4}})   # 0: per step
+  sd = SpecDecoder(target, {"method": "hybrid", "num_speculative_tokens": D,
+                            "draft_lengths": [0, 1, 2, 3]}, draft_model=head, cost_table=costs,
+                   time_rounds=False)
+  state, sampling = sd.prefill(PROMPTS[:1], max_new_tokens=8)
+  w, params = sd.drafter, sd.drafter_params
+  est = jnp.stack([jnp.full((1, D), 0.05), jnp.full((1, D), 0.95)], axis=1)   # [B, R, D]
+  ds = dataclasses.replace(state.drafter_state, est=est)
+  live = jnp.ones((1,), bool)
+  picks = []
+  for rows in ([PROMPTS[0]], [PROMPTS[1]]):          # copies 3 tokens / no repeated 2-gram
+    ready = w.prepare(params, ds, _context(state, sampling, rows))
+    picks.append((int(ready.regime[0]), int(ready.avail[0]),
+                  w.lengths[int(w.choose(params, ready, jnp.full((1,), D), live))]))
+  assert picks == [(1, 3, 3), (0, D, 0)]

@@ -3,7 +3,7 @@ spec_generate) on a tiny random target with vocabulary 8, with per-row mixed sam
 
 The joint distribution of the first two generated tokens (64 cells) is compared with the target's,
 computed by one-shot forwards of the target itself. Each drafter runs 80,000 rows (3 sampled
-parameter groups of 25,000, and 5,000 greedy rows that must all take the argmax path). A chi-square test per sampled group at p < 1e-4 (59 tests in this file) gives a
+parameter groups of 25,000, and 5,000 greedy rows that must all take the argmax path). A chi-square test per sampled group at p < 1e-4 (62 tests in this file) gives a
 false-alarm rate near 3e-3 per run; the seeds are fixed, so a run is also reproducible.
 """
 
@@ -158,7 +158,8 @@ def block_modules(target):
                                     "draft_model-moe", "draft_model-auto-bf16cache",
                                     "eagle3-tree", "medusa", "medusa-tree",
                                     "medusa-shared", "mtp",
-                                    "dflash", "dspark-schedule", "hybrid"])
+                                    "dflash", "dspark-schedule", "hybrid",
+                                    "hybrid-auto"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cache_target,
                                                      draft, eagle3_head,
                                                      eagle3_shared_head, medusa_head,
