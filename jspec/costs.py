@@ -24,7 +24,7 @@ DEFAULT_VERIFY_COST = {
 # The whole adaptive round verifying D, per plain decode step (D = 0: per step of the 4-step plain
 # round), on the project's CPUs, per prompt padding (benchmarks/results/plan/cpu.json, `jspec plan
 # --context 128,512`; fit by `fit_round_costs` where read): padding -> B -> D -> cost. Other
-# drafters use n-gram's rows; no GPU rounds are measured yet.
+# drafters use n-gram's rows (the hybrid EAGLE-3's); no GPU rounds are measured yet.
 DEFAULT_ROUND_COST = {
     "cpu": {"ngram": {
                 128: {1: {0: 1.02, 1: 1.17, 2: 1.33, 3: 1.22, 5: 1.16, 7: 1.20},
@@ -165,6 +165,7 @@ class CostTable:
     backend = backend or jax.default_backend()
     table = DEFAULT_VERIFY_COST.get(backend, DEFAULT_VERIFY_COST["gpu"])
     rounds = DEFAULT_ROUND_COST.get(backend, {})
+    method = "eagle3" if method == "hybrid" else method   # its default learned side drafts
     return cls(verify=table, round_at=rounds.get(method, rounds.get("ngram", {})),
                source=f"built-in defaults for {backend}")
 

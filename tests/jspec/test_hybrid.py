@@ -161,3 +161,10 @@ def test_the_adaptive_length_reads_which_side_drafts(target, head):
     picks.append((int(ready.regime[0]), int(ready.avail[0]),
                   w.lengths[int(w.choose(params, ready, jnp.full((1,), D), live))]))
   assert picks == [(1, 3, 3), (0, D, 0)]
+
+
+def test_built_in_round_costs_are_the_learned_sides():
+  from jspec.costs import CostTable
+  hybrid, eagle3, ngram = (CostTable.default("cpu", m).round_at for m in ("hybrid", "eagle3",
+                                                                          "ngram"))
+  assert hybrid == eagle3 and hybrid != ngram
