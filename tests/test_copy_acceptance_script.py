@@ -1,7 +1,5 @@
 """benchmarks/scripts/copy_acceptance.py applies the n-gram drafter's own rule: its per-position
 drafts equal NgramDrafter.propose (the jitted library code) on random token rows with repeats."""
-import importlib.util
-import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,16 +7,11 @@ import numpy as np
 from jspec.drafters.base import Context
 from jspec.drafters.model_free.ngram import NgramDrafter
 from jspec.sampling import SamplingParams
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.scripts import load_script
 
 
 def _script():
-  spec = importlib.util.spec_from_file_location(
-      "copy_acceptance", os.path.join(ROOT, "benchmarks", "scripts", "copy_acceptance.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("copy_acceptance")
 
 
 def test_drafts_equal_the_ngram_drafter():

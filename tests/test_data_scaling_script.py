@@ -1,20 +1,14 @@
 """benchmarks/scripts/data_scaling.py: the figure's JSON keeps each replay file's numbers, sorted by
 reply tokens, and files replayed with other settings are refused."""
-import importlib.util
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.scripts import load_script
 
 
 def _script():
-  spec = importlib.util.spec_from_file_location(
-      "data_scaling", os.path.join(ROOT, "benchmarks", "scripts", "data_scaling.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("data_scaling")
 
 
 def _replay(path, als, num_draft=5):

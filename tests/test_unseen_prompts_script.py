@@ -1,22 +1,16 @@
 """benchmarks/scripts/unseen_prompts.py: the picked prompts are the first unused ones of each
 family, none of them in the data folder, and too few unseen prompts is an error."""
 import gzip
-import importlib.util
 import json
-import os
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.scripts import load_script
 
 
 def _script():
-  spec = importlib.util.spec_from_file_location(
-      "unseen_prompts", os.path.join(ROOT, "benchmarks", "scripts", "unseen_prompts.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
+  return load_script("unseen_prompts")
 
 
 def test_picks_the_first_unused_prompts_of_each_family(tmp_path):

@@ -286,6 +286,19 @@ def cmd_calibrate(args) -> None:
                     "reply_tokens": data.reply_tokens, **summary}, indent=2))
 
 
+def _take_from_init(args, what: str, has: dict, clash=()) -> None:
+  """--init: the head folder's values of these flags (`has`) become the run's; a flag given with
+  another value, `clash`, or --vocab-coverage is refused with each flag named."""
+  clash = [f"--{k.replace('_', '-')} {getattr(args, k)} (the head has {v})"
+           for k, v in has.items() if getattr(args, k) not in (None, v)] + list(clash)
+  if args.vocab_coverage is not None:
+    clash.append(f"--vocab-coverage {args.vocab_coverage} (the head has its vocabulary)")
+  if clash:
+    raise ValueError(f"--init {args.init} fixes {what}; drop {', '.join(clash)}")
+  for k, v in has.items():
+    setattr(args, k, v)
+
+
 MEDUSA_SHAPE = dict(num_heads=4, num_layers=1, draft_vocab=2048, lm_head="own")  # the defaults
 
 
@@ -301,17 +314,9 @@ def cmd_medusa(args) -> None:
     try:
       init = medusa_format.load_medusa(args.init)
       c = init.config
-      has = dict(num_heads=c.num_heads, num_layers=c.num_layers,
-                 draft_vocab=c.draft_vocab_size, lm_head=c.lm_head)
-      clash = [f"--{k.replace('_', '-')} {getattr(args, k)} (the head has {v})"
-               for k, v in has.items() if getattr(args, k) not in (None, v)]
-      if args.vocab_coverage is not None:
-        clash.append(f"--vocab-coverage {args.vocab_coverage} (the head has its vocabulary)")
-      if clash:
-        raise ValueError(f"--init {args.init} fixes the heads' shape and draft vocabulary; "
-                         f"drop {', '.join(clash)}")
-      for k, v in has.items():
-        setattr(args, k, v)
+      _take_from_init(args, "the heads' shape and draft vocabulary", dict(
+          num_heads=c.num_heads, num_layers=c.num_layers, draft_vocab=c.draft_vocab_size,
+          lm_head=c.lm_head))
     except (ValueError, OSError) as e:
       sys.exit(f"jspec: {e}")
   for k, v in MEDUSA_SHAPE.items():
@@ -379,18 +384,11 @@ def _block_init(args, kind: str):
              taps=",".join(str(t) for t in c.taps))
   if kind == "dspark":
     has["markov_rank"] = c.markov_rank
-  clash = [f"--{k.replace('_', '-')} {getattr(args, k)} (the head has {v})"
-           for k, v in has.items() if getattr(args, k) not in (None, v)
-           and (k != "taps" or _ints(args.taps, "--taps") != tuple(c.taps))]
-  if args.markov_gated and not c.markov_gated:
-    clash.append("--markov-gated (the head's Markov head is not gated)")
-  if args.vocab_coverage is not None:
-    clash.append(f"--vocab-coverage {args.vocab_coverage} (the head has its vocabulary)")
-  if clash:
-    raise ValueError(f"--init {args.init} fixes the module's shape and draft vocabulary; drop "
-                     f"{', '.join(clash)}")
-  for k, v in has.items():
-    setattr(args, k, v)
+  if args.taps is not None and _ints(args.taps, "--taps") == tuple(c.taps):
+    args.taps = has["taps"]                        # the same taps, written differently
+  extra = ["--markov-gated (the head's Markov head is not gated)"] if (
+      args.markov_gated and not c.markov_gated) else []
+  _take_from_init(args, "the module's shape and draft vocabulary", has, extra)
   args.markov_gated = c.markov_gated
   return module
 
