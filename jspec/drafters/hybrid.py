@@ -41,6 +41,7 @@ class HybridDrafter(Drafter):
   """params: {"copy": the copy drafter's, "learned": the learned drafter's}."""
   copy: Drafter             # model-free, deterministic chains (q None), no extra tokens
   learned: Drafter          # any chain drafter
+  regimes = 2               # the adaptive length keeps one estimate per side: 0 learned, 1 copy
 
   def __post_init__(self):
     if self.copy.target_taps or self.copy.tree or self.copy.num_extra:
@@ -68,8 +69,6 @@ class HybridDrafter(Drafter):
   def init_state(self, params, prompt, ctx: Context, max_len: int) -> HybridState:
     return HybridState(self.copy.init_state(params["copy"], prompt, ctx, max_len),
                        self.learned.init_state(params["learned"], prompt, ctx, max_len))
-
-  regimes = 2                 # the adaptive length keeps one estimate per side: 0 learned, 1 copy
 
   def _copy(self, params, state: HybridState, ctx: Context, key):
     copy, copy_state = self.copy.propose(params["copy"], state.copy, ctx, key)
