@@ -311,7 +311,7 @@ def pass_normalised(passes: list[list[float]]) -> list[float]:
 
 def with_round_costs(params: AdaptiveParams, seconds: dict[int, float]) -> AdaptiveParams:
   """params choosing by measured seconds per round (`time_rounds`), at every padding and batch
-  row of the cost tensor; for D >= 1 the line through them (`fit_round_costs`), so that one noisy
+  row of the cost tensor; for D >= 1 the curve through them (`fit_round_costs`), so that one noisy
   length cannot win or lose the choice alone."""
   fit = fit_round_costs(seconds)
   row = jnp.asarray([fit[d] for d in sorted(seconds)], params.cost.dtype)

@@ -50,22 +50,33 @@ def _interp(points: dict[int, float], x: float) -> float:
   return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
+POWERS = (1.0, 0.75, 0.5, 0.25)   # the curves a + b D^p that fit_round_costs tries, line first
+
+
 def fit_round_costs(points: dict[int, float]) -> dict[int, float]:
-  """Measured round costs for D >= 1 replaced by the least-squares line a + b D through them, with
-  b >= 0 (a flat line at their mean otherwise): verifying more drafts never costs less, and the
-  timing noise of one length is averaged over all of them. Left alone, a dip (D = 2 measured below
-  D = 1) makes the choice prefer the longer length; a pooled non-decreasing fit has the same fault
-  (equal costs, and the longer length always expects more tokens). D = 0 (the plain round, priced
-  per step) is kept as measured."""
+  """Measured round costs for D >= 1 replaced by the least-squares curve a + b D^p through them
+  (p in POWERS, the one with the least squared error; b >= 0, a flat line at their mean where
+  every slope falls): verifying more drafts never costs less, and the timing noise of one length
+  is averaged over all of them. Left alone, a dip (D = 2 measured below D = 1) makes the choice
+  prefer the longer length; a pooled non-decreasing fit has the same fault (equal costs, and the
+  longer length always expects more tokens). A line alone (p = 1) overprices D = 1 where a wider
+  verify costs less per added draft (B = 4 on CPU: 53, 76, 91, 117, 137 ms at D = 1, 2, 3, 5, 7
+  fit a + b sqrt(D) within 1 ms; the line through them puts D = 1 at 58), which tips the
+  choice toward plain rounds. D = 0 (the plain round, priced per step) is kept as measured."""
   ds = sorted(d for d in points if d >= 1)
   out = {d: c for d, c in points.items() if d < 1}
   if len(ds) < 2:
     return {**out, **{d: points[d] for d in ds}}
-  xs = np.asarray(ds, np.float64)
   ys = np.asarray([points[d] for d in ds], np.float64)
-  slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
-  icpt = float(ys.mean() - slope * xs.mean())
-  return {**out, **{d: icpt + slope * d for d in ds}}
+  best = None
+  for p in POWERS:
+    xs = np.asarray(ds, np.float64) ** p
+    slope = max(float(np.polyfit(xs, ys, 1)[0]), 0.0)
+    fit = ys.mean() + slope * (xs - xs.mean())
+    err = float(np.sum((fit - ys) ** 2))
+    if best is None or err < best[0] - 1e-12 * float(np.sum(ys ** 2)):
+      best = (err, fit)
+  return {**out, **{d: float(c) for d, c in zip(ds, best[1])}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +147,7 @@ class CostTable:
                   variable_length: bool = False, plain: int = 1,
                   explore_every: int = 0, padding: int | None = None) -> list[float]:
     """cost_k of a round that verifies 1 + lengths[k], in T_verif(B, 1): the measured round when
-    the table has it (a line in D, `fit_round_costs`; at `padding` where `round_at` has tables),
+    the table has it (a curve in D, `fit_round_costs`; at `padding` where `round_at` has tables),
     else verify + draft after drafting d_max tokens, or (variable_length) lengths[k] drafts plus
     one in every `explore_every`-th round (one in a plain round). A plain round (lengths[k] = 0)
     runs `plain` steps."""

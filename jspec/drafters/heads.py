@@ -48,7 +48,7 @@ SHIPPED: list[tuple[str, dict, str, str]] = [
     ("mtp", _SMOLLM2_135M, "smollm2-135m-instruct-mtp",
      "261b69d66726d023301da519e55ff2428af083dd1bc6220e746b3a0684cb30ef"),
     ("dflash", _SMOLLM2_135M, "smollm2-135m-instruct-dflash",
-     "0c890ae8470bdfce1828636e88f28ff7c86c499d6bd5095688c2c2409a7e24bc"),
+     "4b15b7f1b94d6f67b39a6c0e88dbc1023ad72006683435494b7c00817ee4720c"),
     ("dspark", _SMOLLM2_135M, "smollm2-135m-instruct-dspark",
      "e83c8b1e0a506e050cde0fd54a3e6ba2b2017e1d024b5ec59eb156b402cf6c11"),
 ]

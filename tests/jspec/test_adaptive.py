@@ -54,6 +54,21 @@ def test_cost_table_interpolates_and_adds_the_draft():
   assert fit_round_costs({0: 1.05, 1: 1.42, 2: 1.41, 3: 1.46, 7: 1.4}) == pytest.approx(
       {0: 1.05, 1: 1.4225, 2: 1.4225, 3: 1.4225, 7: 1.4225})
   assert fit_round_costs({0: 1.0, 3: 1.7}) == {0: 1.0, 3: 1.7}
+  # a concave curve is recovered exactly where a line is not (it would overprice D = 1)
+  sqrt_costs = {d: 2.0 + 50.0 * d ** 0.5 for d in (1, 2, 3, 5, 7)}
+  assert fit_round_costs({0: 160.0, **sqrt_costs}) == pytest.approx({0: 160.0, **sqrt_costs})
+  line = {d: 1.0 + 0.2 * d for d in (1, 2, 3, 5, 7)}
+  assert fit_round_costs(line) == pytest.approx(line)
+  # any timings: never decreasing in D, and no worse a fit than the line's
+  rng = np.random.default_rng(0)
+  for _ in range(50):
+    pts = {d: float(c) for d, c in zip((1, 2, 3, 5, 7), rng.uniform(1.0, 3.0, 5))}
+    fit = fit_round_costs(pts)
+    assert all(fit[a] <= fit[b] + 1e-12 for a, b in zip((1, 2, 3, 5), (2, 3, 5, 7)))
+    xs, ys = np.asarray(list(pts)), np.asarray(list(pts.values()))
+    slope = max(np.polyfit(xs, ys, 1)[0], 0.0)
+    line_err = np.sum((ys.mean() + slope * (xs - xs.mean()) - ys) ** 2)
+    assert np.sum((np.asarray(list(fit.values())) - ys) ** 2) <= line_err + 1e-12
   # a dip (D = 2 below D = 1) no longer makes D = 2 the cheaper length: 1.41 < 1.43 < 1.45
   dip = CostTable(t.verify, round={1: {0: 1.0, 1: 1.42, 2: 1.41, 3: 1.46}})
   assert dip.round_costs(1, (0, 1, 2, 3), 3) == pytest.approx([1.0, 1.41, 1.43, 1.45])
