@@ -60,9 +60,9 @@ def fit_round_costs(points: dict[int, float]) -> dict[int, float]:
   is averaged over all of them. Left alone, a dip (D = 2 measured below D = 1) makes the choice
   prefer the longer length; a pooled non-decreasing fit has the same fault (equal costs, and the
   longer length always expects more tokens). A line alone (p = 1) overprices D = 1 where a wider
-  verify costs less per added draft (B = 4 on CPU: 53, 76, 91, 117, 137 ms at D = 1, 2, 3, 5, 7
-  fit a + b sqrt(D) within 1 ms; the line through them puts D = 1 at 58), which tips the
-  choice toward plain rounds. D = 0 (the plain round, priced per step) is kept as measured."""
+  verify costs less per added draft (B = 4 on CPU: 53, 76, 91, 117, 137 ms at D = 1, 2, 3, 5, 7;
+  the line through them puts D = 1 at 58, the best curve, p = 3/4, at 54), which tips the choice
+  toward plain rounds. D = 0 (the plain round, priced per step) is kept as measured."""
   ds = sorted(d for d in points if d >= 1)
   out = {d: c for d, c in points.items() if d < 1}
   if len(ds) < 2:
