@@ -69,10 +69,12 @@ def test_row_lookup_and_permutation_keep_rows():
 @needs_kernel
 @pytest.mark.parametrize("fmt", STORED)
 @pytest.mark.parametrize("shape", [(1, 576, 192), (3, 64, 7), (4, 1536, 33), (5, 32, 1),
-                                   (16, 96, 41), (2, 160, 4)])
+                                   (16, 96, 41), (2, 160, 4), (7, 1536, 9), (12, 1536, 5),
+                                   (17, 64, 6), (9, 48, 3)])
 def test_kernel_matches_float64(fmt, shape):
   """The kernel reads the stored bytes; error within fp32 rounding of a K-term sum of the
-  reference dequantisation's products."""
+  reference dequantisation's products. Shapes cover both of its paths: registers (up to 16 rows,
+  K in 32s; K = 1536 in groups of rows) and the L1 buffer (17 rows; bf16 / int8 at K = 48)."""
   m, k, n = shape
   if fmt in ("bf16", "int8") and k % 16 or fmt not in ("bf16", "int8") and k % 32:
     pytest.skip("K does not fit the format")
