@@ -438,7 +438,7 @@ void q_nrange(const float* x, const QWeights& w, float* y, int64_t M, int64_t N,
 // in one register and each weight is looked up by its nibble (vpermps reads the low 4 bits of each
 // lane), no int->float conversion; q8_0 and int8: convert, then scale by d once for all rows;
 // bf16: widen the bits.
-// Two accumulators per row (low and high half-block) keep the FMA chains short.
+// Up to 4 rows, two accumulators per row (low and high half-block) keep the FMA chains short.
 constexpr int DR = 16;
 
 // f16 [n] -> f32 [n]
@@ -512,15 +512,20 @@ void q_rows_direct(const QWeights& w, const float* x, float* y, int64_t N, int64
       }
       for (int r = 0; r < R; ++r) {
         a0[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + r * K + 32 * b), a0[r]);
-        if (R <= 4) {
+        if constexpr (R <= 4) {
           a1[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * K + 32 * b + 16), a1[r]);
         } else {
           a0[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * K + 32 * b + 16), a0[r]);
         }
       }
     }
-    for (int r = 0; r < R; ++r)
-      y[r * N + n] = _mm512_reduce_add_ps(R <= 4 ? _mm512_add_ps(a0[r], a1[r]) : a0[r]);
+    for (int r = 0; r < R; ++r) {
+      if constexpr (R <= 4) {
+        y[r * N + n] = _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r]));
+      } else {
+        y[r * N + n] = _mm512_reduce_add_ps(a0[r]);
+      }
+    }
   }
 }
 #endif
