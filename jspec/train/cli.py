@@ -29,11 +29,10 @@ def cmd_data(args) -> None:
 
   args.interrupt_note = (f"finished shards are saved in {args.out}; run the same command again "
                          "to resume")
-  for flag in ("magpie", "max_new_tokens", "batch_size", "shard_size"):
-    v = getattr(args, flag)
-    if v < (0 if flag == "magpie" else 1):
-      sys.exit(f"jspec: --{flag.replace('_', '-')} must be >= {0 if flag == 'magpie' else 1}, "
-               f"got {v}")
+  for flag in ("magpie", "max_new_tokens", "batch_size", "shard_size", "first_shard"):
+    v, low = getattr(args, flag), (0 if flag in ("magpie", "first_shard") else 1)
+    if v < low:
+      sys.exit(f"jspec: --{flag.replace('_', '-')} must be >= {low}, got {v}")
   for path in args.prompts:
     if not os.path.isfile(path):
       sys.exit(f"jspec: prompt file {path} does not exist")
@@ -43,7 +42,7 @@ def cmd_data(args) -> None:
                              batch_size=args.batch_size, shard_size=args.shard_size,
                              temperature=args.temperature, multi_turn=args.multi_turn,
                              max_len=args.max_len, taps=_ints(args.taps, "--taps") or (),
-                             shuffle=args.shuffle,
+                             shuffle=args.shuffle, first_shard=args.first_shard,
                              seed=args.seed, progress=not args.no_progress)
   except (ValueError, OSError) as e:
     sys.exit(f"jspec: {e}")
@@ -537,6 +536,10 @@ def add_parser(sub, default_model: str) -> None:
                  help="answer the prompts in a seeded random order (every shard then holds each "
                       "family in proportion; a partial run is a fair sample)")
   d.add_argument("--shard-size", type=int, default=256)
+  d.add_argument("--first-shard", type=int, default=0,
+                 help="start at this shard of the (shuffled) order, skipping the earlier ones: "
+                      "fresh prompts beyond another folder's first N shards, with the same bytes "
+                      "as that folder's shard N onwards")
   d.add_argument("--temperature", type=float, default=0.0, help="for the replies")
   d.add_argument("--multi-turn", type=float, default=0.0,
                  help="fraction of conversations continued for one more user turn")

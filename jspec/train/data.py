@@ -56,7 +56,7 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
                seed: int = 0, multi_turn: float = 0.0, user_max_new_tokens: int = 96,
                user_temperature: float = 1.0, user_top_p: float = 0.95,
                max_len: int | None = None, taps: Sequence[int] = (), model_name: str | None = None,
-               progress: bool = True) -> dict:
+               first_shard: int = 0, progress: bool = True) -> dict:
   """Answers every prompt with the target and writes `out_dir/shard_%05d.npz` + `manifest.json`;
   returns the manifest.
 
@@ -80,13 +80,19 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
   settings), then answered, in the same stream. Every request is seeded by (seed, shard, turn,
   prompt), so its tokens do not depend on the batching. Resumable: shards listed in the manifest
   are skipped, and shard k always makes the same requests in the same order, so a resumed run
-  writes the same bytes as an uninterrupted one.
+  writes the same bytes as an uninterrupted one. `first_shard` = k starts at shard k (the earlier
+  shards are not made): fresh prompts for a head trained on another folder's first k shards, with
+  the same bytes as that folder's shard k onwards.
   """
   model, name = unpack_model(model, model_name)
   _check_prompts(prompts)
   max_len = min(DEFAULT_MAX_LEN, model.config.max_position) if max_len is None else max_len
   if shard_size < 1 or batch_size < 1 or max_new_tokens < 1:
     raise ValueError("shard_size, batch_size and max_new_tokens must be >= 1")
+  num_shards = -(-len(prompts) // shard_size)
+  if not 0 <= first_shard < num_shards:
+    raise ValueError(f"first_shard must be in [0, {num_shards}) for {len(prompts)} prompts in "
+                     f"shards of {shard_size}, got {first_shard}")
   if not max_new_tokens < max_len <= model.config.max_position:
     raise ValueError(f"need max_new_tokens < max_len <= the model's context "
                      f"({model.config.max_position}), got {max_new_tokens} and {max_len}")
@@ -98,12 +104,15 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
                 user_max_new_tokens=int(user_max_new_tokens),
                 user_temperature=float(user_temperature), user_top_p=float(user_top_p),
                 num_prompts=len(prompts), prompts_sha256=_prompts_digest(prompts))
+  if first_shard:        # absent at 0, so folders made before the option still resume
+    config["first_shard"] = int(first_shard)
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, MANIFEST)
   if os.path.exists(path):
     manifest = read_manifest(out_dir)
-    diff = {k: (manifest["config"].get(k), v) for k, v in config.items()
-            if manifest["config"].get(k) != v}
+    diff = {k: (manifest["config"].get(k), config.get(k))
+            for k in {**manifest["config"], **config}
+            if manifest["config"].get(k) != config.get(k)}
     if diff:
       raise ValueError(f"{out_dir} holds data made with another config ("
                        + ", ".join(f"{k}: {a!r} there, {b!r} now" for k, (a, b) in diff.items())
@@ -115,16 +124,17 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
                            "restore it or start over in another out_dir")
   else:
     manifest = dict(format=FORMAT, config=config, complete=False, shards=[])
-  num_shards = -(-len(prompts) // shard_size)
   dec = SlotDecoder(model, eos_ids=tokenizer.eos_ids, slots=batch_size, max_len=max_len,
                     max_new_tokens=max(max_new_tokens, user_max_new_tokens), taps=taps)
-  bar = progress_bar(progress, total=len(prompts), unit="seq", desc=f"regenerate {out_dir}",
-                  initial=min(len(manifest["shards"]) * shard_size, len(prompts)))
+  skipped = first_shard * shard_size
+  bar = progress_bar(progress, total=len(prompts) - skipped, unit="seq",
+                     desc=f"regenerate {out_dir}",
+                     initial=min(len(manifest["shards"]) * shard_size, len(prompts) - skipped))
   t0 = time.perf_counter()
   # One request stream over every shard left: the next shard's prompts join the queue before the
   # current one's last rows end, so the slots never drain between shards. Shards are written in
   # order as soon as all their sequences are done.
-  todo = iter(range(len(manifest["shards"]), num_shards))
+  todo = iter(range(first_shard + len(manifest["shards"]), num_shards))
   work: dict[int, _ShardWork] = {}
   queue: collections.deque = collections.deque()
   started = {}
@@ -165,7 +175,7 @@ def regenerate(model, tokenizer, prompts: Sequence[dict], out_dir: str, *, shard
     top_up()
   write_finished()
   bar.close()
-  manifest["complete"] = len(manifest["shards"]) == num_shards
+  manifest["complete"] = first_shard + len(manifest["shards"]) == num_shards
   summarise(manifest)
   write_json(path, manifest)
   return manifest
@@ -299,7 +309,7 @@ def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpi
                   shard_size: int = 256, batch_size: int = 64, max_new_tokens: int = 512,
                   temperature: float = 0.0, multi_turn: float = 0.0, max_len: int | None = None,
                   taps: Sequence[int] = (), shuffle: bool = False, seed: int = 0,
-                  progress: bool = True) -> dict:
+                  first_shard: int = 0, progress: bool = True) -> dict:
   """Samples `num_magpie` Magpie prompts into out_dir/magpie.jsonl, then regenerates answers to
   the prompt files' prompts followed by the Magpie ones (all in a seeded random order with
   `shuffle`, so that every shard holds each kind of prompt in proportion) into out_dir's shards;
@@ -331,7 +341,8 @@ def build_dataset(model, out_dir: str, *, prompt_files: Sequence[str], num_magpi
   manifest = regenerate(lm, lm.tokenizer, prompts, out_dir, shard_size=shard_size,
                         batch_size=batch_size, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed, multi_turn=multi_turn,
-                        max_len=max_len, taps=taps, progress=progress)
+                        max_len=max_len, taps=taps, first_shard=first_shard,
+                        progress=progress)
   manifest["prompt_files"] = per_file
   manifest["prompt_order"] = f"shuffled (seed {seed})" if shuffle else "as in the files"
   write_json(os.path.join(out_dir, MANIFEST), manifest)

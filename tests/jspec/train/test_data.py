@@ -339,6 +339,25 @@ def test_resume_after_interruption_is_byte_identical(tiny, tok, regen_dir, tmp_p
   assert strip(shards.read_manifest(out)) == strip(shards.read_manifest(regen_dir))
 
 
+def test_first_shard_makes_the_later_shards_byte_identical(tiny, tok, regen_dir, tmp_path):
+  """first_shard=1 skips shard 0 and writes the same shards 1.. as the full run (fresh prompts for
+  a head trained on the first shards); the two folders snapshot into the full run's data."""
+  out = str(tmp_path / "later")
+  m = data.regenerate(tiny, tok, PROMPTS, out, **KW, first_shard=1)
+  full = shards.read_manifest(regen_dir)
+  assert m["complete"] and [s["file"] for s in m["shards"]] == [s["file"] for s in full["shards"][1:]]
+  for s in m["shards"]:
+    assert open(os.path.join(out, s["file"]), "rb").read() == \
+        open(os.path.join(regen_dir, s["file"]), "rb").read(), s["file"]
+  joined = shards.snapshot(str(tmp_path / "joined"), [(regen_dir, 1), (out, None)])
+  assert joined["totals"] == full["totals"]
+  data.regenerate(tiny, tok, PROMPTS, out, **KW, first_shard=1)        # resumes: nothing left
+  with pytest.raises(ValueError, match="another config"):
+    data.regenerate(tiny, tok, PROMPTS, out, **KW)                        # first_shard differs
+  with pytest.raises(ValueError, match="first_shard must be in"):
+    data.regenerate(tiny, tok, PROMPTS, str(tmp_path / "x"), **KW, first_shard=len(PROMPTS))
+
+
 def test_config_mismatch_is_an_error(tiny, tok, regen_dir):
   with pytest.raises(ValueError,
                      match=r"another config \(max_new_tokens: 24 there, 25 now\).*another out_dir"):
