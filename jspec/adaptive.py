@@ -114,6 +114,7 @@ class AdaptiveDrafter(WidthPolicy):
   explore_every: int = 4                # a serial drafter drafts one past the verified length
                                         # in every this many rounds (0: never)
   rate_decay: float = 0.1               # weight of a round in the rows' long-run token rates
+  fixed: int | None = None              # the program of one width (`at_width`); None: switch
 
   def __post_init__(self):
     if not (isinstance(self.plain_steps, int) and self.plain_steps >= 1):
@@ -122,6 +123,17 @@ class AdaptiveDrafter(WidthPolicy):
       raise ValueError(f"explore_every must be an integer >= 0, got {self.explore_every!r}")
     if not 0.0 < self.rate_decay <= 1.0:
       raise ValueError(f"rate_decay must be in (0, 1], got {self.rate_decay!r}")
+    if self.fixed is not None and not 0 <= self.fixed < len(self.lengths):
+      raise ValueError(f"fixed must index lengths {self.lengths}, got {self.fixed!r}")
+
+  @property
+  def fixed_index(self) -> int | None:
+    return self.fixed
+
+  def at_width(self, k: int | None) -> "AdaptiveDrafter":
+    """This policy with every round verifying lengths[k] (None: chosen in the round). The same
+    params and state; the host chooses k between rounds (`SpecDecoder(choice="host")`)."""
+    return dataclasses.replace(self, fixed=k)
 
   def num_to_draft(self, k: jax.Array, round_index: jax.Array) -> jax.Array:
     """[] drafts a serial drafter is asked for in a round verifying lengths[k]: the verified ones,
@@ -223,6 +235,8 @@ class AdaptiveDrafter(WidthPolicy):
       return self.inner.commit(params.inner, inner, narrow)
 
     blocks = [d + 1 if d else self.plain_block for d in self.lengths]
+    if self.fixed is not None:
+      return dataclasses.replace(state, inner=commit_width(blocks[self.fixed] - 1, state.inner, ctx))
     inner = jax.lax.switch(state.last, [functools.partial(commit_width, w - 1) for w in blocks],
                            state.inner, ctx)
     return dataclasses.replace(state, inner=inner)

@@ -9,7 +9,8 @@ One round = draft -> verify -> accept -> commit, composed under one `jax.jit`:
 A tree draft (Draft.parent, jspec.tree) is verified in the same forward under its ancestor mask at
 positions prefix + depth; the accepted path's K/V is then moved to contiguous slots.
 `generate` is a `lax.while_loop` over rounds on device; `stream` is a host loop over the same
-jitted round. B, D and the buffer length are static; per-row progress lives in lengths and masks.
+jitted round. A width policy (adaptive length) can also run as one program per width, the host
+choosing between them after every round (`spec_round_at`, `spec_choose`). B, D and the buffer length are static; per-row progress lives in lengths and masks.
 
 Invariant between rounds: `tokens[b, :length[b]]` is committed; the target cache holds K/V of the
 first length-1 of them (the last committed token is fed at the start of the next verify).
@@ -194,25 +195,33 @@ def _policy_round(model, drafter: WidthPolicy, drafter_params, state: SpecState,
   plain_block - 1 more target steps, so that the round's fixed work is paid once per plain_block
   tokens. Returns (n_acc, n_more, new, cache, hidden, extra_argmax, draft_len, drafter state)."""
   b, d = state.tokens.shape[0], drafter.num_draft
+  fixed = drafter.fixed_index
   dstate = drafter.prepare(drafter_params, state.drafter_state, ctx)
-  if drafter.choose_before_drafting:
+  if fixed is not None:
+    k = jnp.int32(fixed)
+  elif drafter.choose_before_drafting:
     k = drafter.choose(drafter_params, dstate, jnp.full((b,), d, jnp.int32), live, remaining)
+  if drafter.choose_before_drafting:
     num = drafter.num_to_draft(k, step)
     draft, dstate = drafter.propose(drafter_params, dstate, ctx, draft_keys, num=num)
   else:
     draft, dstate = drafter.propose(drafter_params, dstate, ctx, draft_keys)
   draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
-  if not drafter.choose_before_drafting:
+  if fixed is None and not drafter.choose_before_drafting:
     k = drafter.choose(drafter_params, dstate, draft_len, live, remaining)
-  n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
-      k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
-          for w in drafter.lengths],
-      state, draft, draft_len, sampling, verify_keys)
-  out_cache = state.cache.write_block(*new_kv)
+  if fixed is not None:       # one width, known when traced: the cache is written in place
+    n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
+        model, drafter, state, draft, draft_len, sampling, verify_keys, drafter.lengths[fixed])
+  else:
+    n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
+        k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
+            for w in drafter.lengths],
+        state, draft, draft_len, sampling, verify_keys)
+    out_cache = state.cache.write_block(*new_kv)
   dstate = drafter.observe(drafter_params, dstate, k, n_acc, new, draft.tokens, draft_len, live)
   draft_len = jnp.minimum(draft_len, jnp.asarray(drafter.lengths, jnp.int32)[k])
   n_more = jnp.zeros((), jnp.int32)
-  if drafter.plain_block > 1 and draft.extra is None:
+  if drafter.plain_block > 1 and draft.extra is None and fixed in (None, 0):
     n_more = jnp.where(k == 0, drafter.plain_block - 1, 0)
     new, out_cache, hidden = _plain_steps(model, drafter, state, out_cache, new, hidden, n_more,
                                           sampling, verify_keys)
@@ -320,6 +329,41 @@ def spec_round(graphdef, weights, drafter, drafter_params, state: SpecState,
   """One jitted round, for host-driven loops (streaming)."""
   return round_step(nnx.merge(graphdef, weights), drafter, drafter_params, state, sampling,
                     eos_ids)
+
+
+def next_width(drafter: WidthPolicy, drafter_params, state: SpecState,
+               sampling: SamplingParams) -> jax.Array:
+  """[] the index into drafter.lengths that the next round would choose, from the committed state
+  (what `_policy_round` chooses at its start: the same estimates, regimes and, for a drafter that
+  chooses after drafting, the proposal counts of the draft the round will make with its keys)."""
+  b, d = state.tokens.shape[0], drafter.num_draft
+  ctx = state.context(sampling)
+  live = ~state.done
+  remaining = state.max_new - (state.length - state.prompt_len)
+  dstate = drafter.prepare(drafter_params, state.drafter_state, ctx)
+  draft_len = jnp.full((b,), d, jnp.int32)
+  if not drafter.choose_before_drafting:
+    draft, _ = drafter.propose(drafter_params, dstate, ctx,
+                               _step_keys(state.keys, state.round + 1, 1))
+    if draft.length is not None:
+      draft_len = draft.length
+  return drafter.choose(drafter_params, dstate, draft_len, live, remaining)
+
+
+@functools.partial(jax.jit, static_argnames=("drafter",))
+def spec_choose(drafter, drafter_params, state: SpecState, sampling: SamplingParams) -> jax.Array:
+  """The first round's width index, for a host-chosen loop (`spec_round_at`)."""
+  return next_width(drafter, drafter_params, state, sampling)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))
+def spec_round_at(graphdef, weights, drafter, drafter_params, state: SpecState,
+                  sampling: SamplingParams, *, eos_ids: tuple[int, ...]):
+  """One round of a width policy fixed at `drafter.fixed_index` (one program per width, no
+  switch), then the next round's choice. Returns (state, next width index [], any row live [])."""
+  model = nnx.merge(graphdef, weights)
+  state = round_step(model, drafter, drafter_params, state, sampling, eos_ids)
+  return state, next_width(drafter, drafter_params, state, sampling), ~jnp.all(state.done)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import time
 from typing import Iterator, Sequence
@@ -19,6 +20,8 @@ from jspec.decode import DecodeOutput, row_keys, validate_request
 from jspec.drafters.base import Drafter, WidthPolicy
 from jspec.sampling import SamplingParams
 from models.llama import Llama
+
+CHOICES = ("host", "device")
 
 
 @dataclasses.dataclass
@@ -94,7 +97,8 @@ class SpecDecoder:
 
   def __init__(self, target: Llama, config: SpeculativeConfig | dict, *,
                draft_model: Llama | None = None, eos_ids: Sequence[int] = (), tokenizer=None,
-               cost_table: CostTable | str | None = None, mesh=None, time_rounds: bool = True):
+               cost_table: CostTable | str | None = None, mesh=None, time_rounds: bool = True,
+               choice: str = "host"):
     """tokenizer: only to encode predictions given as text (`generate(prediction=...)`).
     cost_table: for adaptive configs, the measured verify/draft costs (a `CostTable` or the path of
     a `jspec plan` JSON); the built-in defaults for this backend when None.
@@ -103,7 +107,13 @@ class SpecDecoder:
     stay replicated).
     time_rounds: adaptive configs time a few rounds of each compiled length when a new shape
     compiles (`jspec.adaptive.time_rounds`, a few seconds, counted in compile_s) and choose by those
-    costs, measured on this machine today at the call's own shapes; False: by the cost table."""
+    costs, measured on this machine today at the call's own shapes; False: by the cost table.
+    choice: for adaptive configs, "host": one compiled program per width, the host picking the
+    next round's between rounds (each round costs what a fixed-width round costs); "device": one
+    program choosing inside the round (`lax.switch`, no host round trip). Both choose the same
+    widths from the same estimates, so their outputs are equal."""
+    if choice not in CHOICES:
+      raise ValueError(f"choice must be one of {CHOICES}, got {choice!r}")
     self.spec = config if isinstance(config, SpeculativeConfig) else \
         SpeculativeConfig.from_dict(config)
     self.config = target.config
@@ -119,6 +129,7 @@ class SpecDecoder:
     self._initial_params = self.drafter_params
     self._programs = {}
     self.times_rounds = time_rounds and type(self.drafter) is AdaptiveDrafter
+    self.host_choice = choice == "host" and type(self.drafter) is AdaptiveDrafter
     self._round_costs = {}          # program key -> seconds per round of each length
 
   def reset_drafter(self) -> None:
@@ -170,11 +181,38 @@ class SpecDecoder:
       pre = lowered.compile()
       # The SpecState as the prefill returns it, to compile the loop ahead of time too.
       state = sharding.output_specs(lowered, pre)
-      gen = engine.spec_generate.lower(self.graphdef, self.weights, self.drafter,
-                                       self.drafter_params, state, sampling,
-                                       eos_ids=eos_ids).compile()
+      if self.host_choice:
+        gen = self._host_loop(state, sampling, eos_ids)
+      else:
+        gen = engine.spec_generate.lower(self.graphdef, self.weights, self.drafter,
+                                         self.drafter_params, state, sampling,
+                                         eos_ids=eos_ids).compile()
       self._programs[key] = (pre, gen)
     return key, *self._programs[key]
+
+  def _host_loop(self, state, sampling, eos_ids):
+    """The generate loop of an adaptive config with the choice on the host: the first width from
+    `engine.spec_choose`, then one round of the chosen width's own program (`spec_round_at`,
+    compiled for every width, two at a time) and the next width it returns, until no row is live.
+    Returns run(weights, params, state, sampling) -> state, like the compiled on-device loop."""
+    choose = engine.spec_choose.lower(self.drafter, self.drafter_params, state,
+                                      sampling).compile()
+    lowered = [engine.spec_round_at.lower(self.graphdef, self.weights, self.drafter.at_width(k),
+                                          self.drafter_params, state, sampling, eos_ids=eos_ids)
+               for k in range(len(self.drafter.lengths))]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:    # XLA compiles without the GIL
+      rounds = list(pool.map(lambda low: low.compile(), lowered))
+
+    def run(weights, params, state, sampling):
+      if bool(np.all(sharding.to_host(state.done))):
+        return state
+      k = int(choose(params, state, sampling))
+      while True:
+        state, k, live = rounds[k](weights, params, state, sampling)
+        if not bool(live):
+          return state
+        k = int(k)
+    return run
 
   def _start(self, prompts, max_new_tokens, temperature, top_k, top_p, seed, eos, max_len, pad_to,
              prediction=None):

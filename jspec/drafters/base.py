@@ -134,6 +134,12 @@ class WidthPolicy(Drafter):
   lengths: tuple[int, ...]
 
   @property
+  def fixed_index(self) -> int | None:
+    """An index into `lengths` that every round verifies, known when the program is traced (the
+    host chooses between such programs: `SpecDecoder(choice="host")`); None: chosen in the round."""
+    return None
+
+  @property
   def choose_before_drafting(self) -> bool:
     """Choose the width before propose, and ask the inner drafter for num_to_draft drafts."""
     raise NotImplementedError

@@ -215,6 +215,37 @@ def test_adaptive_matches_plain_greedy_without_recompiling(tiny, method):
   assert len(used) >= 2, (out.verified_lengths, again.verified_lengths)
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model", "eagle3", "hybrid"])
+def test_host_choice_equals_the_in_round_choice(tiny, method):
+  """choice="host" (one program per width, the next width chosen after each round) and "device"
+  (lax.switch in one program) choose the same widths from the same estimates: equal tokens and
+  per-width round counts, greedy and sampled, several widths used, no recompiles on a second
+  call; host mode compiles one round program per width."""
+  kw = {}
+  if method == "draft_model":
+    kw = dict(draft_model=tiny, cost_table=CostTable({1: {1: 1.0, 2: 1.05, 4: 1.3, 8: 1.8}}))
+  elif method in ("eagle3", "hybrid"):
+    from jspec.drafters.eagle3 import Eagle3Config, Eagle3Head
+    kw = dict(draft_model=Eagle3Head(Eagle3Config.for_target(CFG, taps=(0, 1, 1)),
+                                     rngs=nnx.Rngs(2)),
+              cost_table=CostTable({1: {1: 1.0, 2: 1.05, 4: 1.1}}))
+  cfg = {"method": method, "num_speculative_tokens": "auto", "draft_lengths": [0, 1, 2, 4]}
+  host, dev = (SpecDecoder(tiny, cfg, time_rounds=False, choice=c, **kw)
+               for c in ("host", "device"))
+  prompts = _prompts(0, [8, 10], repeat=3) + _prompts(1, [7])
+  used = set()
+  for t in (0.0, 0.9):
+    a = host.generate(prompts, max_new_tokens=30, eos=False, temperature=t, seed=4, pad_to=32)
+    b = dev.generate(prompts, max_new_tokens=30, eos=False, temperature=t, seed=4, pad_to=32)
+    assert a.token_ids == b.token_ids and a.verified_lengths == b.verified_lengths, t
+    assert a.steps == b.steps and a.accepted_at == b.accepted_at
+    used |= {n for n, c in a.verified_lengths.items() if c}
+  assert len(used) >= 2, used
+  with count_compiles() as c:
+    host.generate(_prompts(2, [5, 12, 9]), max_new_tokens=30, eos=False, pad_to=32)
+  assert c.count == 0
+
+
 def test_config_errors():
   cfg = SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": "auto"})
   assert cfg.adaptive and cfg.max_draft == 7 and cfg.draft_lengths == (0, 1, 2, 3, 5, 7)
