@@ -10,7 +10,7 @@ A tree draft (Draft.parent, jspec.tree) is verified in the same forward under it
 positions prefix + depth; the accepted path's K/V is then moved to contiguous slots.
 `generate` is a `lax.while_loop` over rounds on device; `stream` is a host loop over the same
 jitted round. A width policy (adaptive length) can also run as one program per width, the host
-choosing between them after every round (`spec_round_at`, `spec_choose`). B, D and the buffer length are static; per-row progress lives in lengths and masks.
+choosing between them when the choice changes (`spec_rounds_at`, `spec_choose`). B, D and the buffer length are static; per-row progress lives in lengths and masks.
 
 Invariant between rounds: `tokens[b, :length[b]]` is committed; the target cache holds K/V of the
 first length-1 of them (the last committed token is fed at the start of the next verify).
@@ -352,18 +352,28 @@ def next_width(drafter: WidthPolicy, drafter_params, state: SpecState,
 
 @functools.partial(jax.jit, static_argnames=("drafter",))
 def spec_choose(drafter, drafter_params, state: SpecState, sampling: SamplingParams) -> jax.Array:
-  """The first round's width index, for a host-chosen loop (`spec_round_at`)."""
+  """The first round's width index, for a host-chosen loop (`spec_rounds_at`)."""
   return next_width(drafter, drafter_params, state, sampling)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))
-def spec_round_at(graphdef, weights, drafter, drafter_params, state: SpecState,
-                  sampling: SamplingParams, *, eos_ids: tuple[int, ...]):
-  """One round of a width policy fixed at `drafter.fixed_index` (one program per width, no
-  switch), then the next round's choice. Returns (state, next width index [], any row live [])."""
+def spec_rounds_at(graphdef, weights, drafter, drafter_params, state: SpecState,
+                   sampling: SamplingParams, *, eos_ids: tuple[int, ...]):
+  """Rounds of a width policy fixed at k = `drafter.fixed_index` (one program per width, no
+  switch), on device for as long as the choice after each round stays k and a row is live (the
+  first round runs: the host chose k). Returns (state, the next round's width index [], any row
+  live []): the host goes on with that width's program."""
   model = nnx.merge(graphdef, weights)
-  state = round_step(model, drafter, drafter_params, state, sampling, eos_ids)
-  return state, next_width(drafter, drafter_params, state, sampling), ~jnp.all(state.done)
+  k = drafter.fixed_index
+
+  def body(carry):
+    state, _ = carry
+    state = round_step(model, drafter, drafter_params, state, sampling, eos_ids)
+    return state, next_width(drafter, drafter_params, state, sampling)
+
+  state, nxt = jax.lax.while_loop(lambda c: (c[1] == k) & ~jnp.all(c[0].done), body,
+                                  (state, jnp.int32(k)))
+  return state, nxt, ~jnp.all(state.done)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "drafter", "eos_ids"), donate_argnums=(4,))

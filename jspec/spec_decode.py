@@ -109,8 +109,9 @@ class SpecDecoder:
     compiles (`jspec.adaptive.time_rounds`, a few seconds, counted in compile_s) and choose by those
     costs, measured on this machine today at the call's own shapes; False: by the cost table.
     choice: for adaptive configs, "host": one compiled program per width, the host picking the
-    next round's between rounds (each round costs what a fixed-width round costs); "device": one
-    program choosing inside the round (`lax.switch`, no host round trip). Both choose the same
+    next one when the choice changes (a round costs what a fixed-width round costs); "device": one
+    program choosing inside the round (`lax.switch`, no host round trip). Host programs run on
+    device while the width stays the same: a change costs one dispatch. Both choose the same
     widths from the same estimates, so their outputs are equal."""
     if choice not in CHOICES:
       raise ValueError(f"choice must be one of {CHOICES}, got {choice!r}")
@@ -192,12 +193,13 @@ class SpecDecoder:
 
   def _host_loop(self, state, sampling, eos_ids):
     """The generate loop of an adaptive config with the choice on the host: the first width from
-    `engine.spec_choose`, then one round of the chosen width's own program (`spec_round_at`,
-    compiled for every width, two at a time) and the next width it returns, until no row is live.
-    Returns run(weights, params, state, sampling) -> state, like the compiled on-device loop."""
+    `engine.spec_choose`, then the chosen width's own program (`spec_rounds_at`, compiled for every
+    width, two at a time), which runs rounds on device until the choice changes, and so on until
+    no row is live. Returns run(weights, params, state, sampling) -> state, like the compiled
+    on-device loop."""
     choose = engine.spec_choose.lower(self.drafter, self.drafter_params, state,
                                       sampling).compile()
-    lowered = [engine.spec_round_at.lower(self.graphdef, self.weights, self.drafter.at_width(k),
+    lowered = [engine.spec_rounds_at.lower(self.graphdef, self.weights, self.drafter.at_width(k),
                                           self.drafter_params, state, sampling, eos_ids=eos_ids)
                for k in range(len(self.drafter.lengths))]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:    # XLA compiles without the GIL
