@@ -236,7 +236,8 @@ class AdaptiveDrafter(WidthPolicy):
 
     blocks = [d + 1 if d else self.plain_block for d in self.lengths]
     if self.fixed is not None:
-      return dataclasses.replace(state, inner=commit_width(blocks[self.fixed] - 1, state.inner, ctx))
+      inner = commit_width(blocks[self.fixed] - 1, state.inner, ctx)
+      return dataclasses.replace(state, inner=inner)
     inner = jax.lax.switch(state.last, [functools.partial(commit_width, w - 1) for w in blocks],
                            state.inner, ctx)
     return dataclasses.replace(state, inner=inner)

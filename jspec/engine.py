@@ -10,7 +10,8 @@ A tree draft (Draft.parent, jspec.tree) is verified in the same forward under it
 positions prefix + depth; the accepted path's K/V is then moved to contiguous slots.
 `generate` is a `lax.while_loop` over rounds on device; `stream` is a host loop over the same
 jitted round. A width policy (adaptive length) can also run as one program per width, the host
-choosing between them when the choice changes (`spec_rounds_at`, `spec_choose`). B, D and the buffer length are static; per-row progress lives in lengths and masks.
+choosing between them when the choice changes (`spec_rounds_at`, `spec_choose`). B, D and the
+buffer length are static; per-row progress lives in lengths and masks.
 
 Invariant between rounds: `tokens[b, :length[b]]` is committed; the target cache holds K/V of the
 first length-1 of them (the last committed token is fed at the start of the next verify).

@@ -60,9 +60,9 @@ for c in choices:
   decs[f"forced{d}_{c}"] = forced(d, choice=c)
   for st in map(int, args.plain_steps.split(",")):
     decs[f"forced_plain{'' if st == 4 else st}_{c}"] = forced(0, st, c)
-  decs[f"auto_{c}"] = SpecDecoder(lm.model, {"method": args.method, "num_speculative_tokens": "auto"},
-                                  eos_ids=tok.eos_ids, cost_table="benchmarks/results/plan/cpu.json",
-                                  choice=c)
+  decs[f"auto_{c}"] = SpecDecoder(
+      lm.model, {"method": args.method, "num_speculative_tokens": "auto"}, eos_ids=tok.eos_ids,
+      cost_table="benchmarks/results/plan/cpu.json", choice=c)
 report = dict(method=args.method, num_draft=d, categories=args.categories,
               max_new_tokens=args.max_new_tokens, repeats=args.repeats,
               plain_steps=args.plain_steps, results={})
@@ -88,8 +88,8 @@ for b in map(int, args.batch_sizes.split(",")):
       auto_round_costs_s={c: decs[f"auto_{c}"].generate(batch, **kw).round_costs
                           for c in choices},
       verified_lengths={n: v for n, v in rounds.items() if v})
-  print(b, json.dumps(report["results"][b]["speedup"]), json.dumps(report["results"][b]["overhead"]),
-        flush=True)
+  res = report["results"][b]
+  print(b, json.dumps(res["speedup"]), json.dumps(res["overhead"]), flush=True)
   for dec in decs.values():
     dec.clear_compiled()
 if args.json:
