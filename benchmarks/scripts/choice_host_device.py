@@ -10,10 +10,9 @@ import json
 
 import numpy as np
 
-import models
 from jspec import SpecDecoder
 from jspec.decode import Decoder
-from jspec.prompt_suite import load, select
+from suite_setup import default_model_and_prompts
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--methods", default="ngram,eagle3")
@@ -24,11 +23,7 @@ ap.add_argument("--plan", default="benchmarks/results/plan/cpu.json", help="the 
 ap.add_argument("--json", default=None)
 args = ap.parse_args()
 
-lm = models.load("smollm2-135m-instruct")
-tok = lm.tokenizer
-prompts = select(load("benchmarks/prompts/suite.jsonl"), args.categories.split(","), 1)
-ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
-kw = dict(max_new_tokens=args.max_new_tokens, pad_to=512)
+lm, tok, ids, kw = default_model_and_prompts(args.categories, args.max_new_tokens)
 report = dict(vars(args), results={})
 for method in args.methods.split(","):
   for b in (1, len(ids)):

@@ -14,10 +14,9 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-import models
 from jspec import SpecDecoder
 from jspec.decode import Decoder
-from jspec.prompt_suite import load, select
+from suite_setup import default_model_and_prompts
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--method", default="ngram")
@@ -31,11 +30,7 @@ ap.add_argument("--choices", default="host,device", help="where the adaptive dec
 ap.add_argument("--json", default=None)
 args = ap.parse_args()
 
-lm = models.load("smollm2-135m-instruct")
-tok = lm.tokenizer
-prompts = select(load("benchmarks/prompts/suite.jsonl"), args.categories.split(","), 1)
-ids = [tok.encode(tok.apply_chat_template(list(p.messages))) for p in prompts]
-kw = dict(max_new_tokens=args.max_new_tokens, pad_to=512)
+lm, tok, ids, kw = default_model_and_prompts(args.categories, args.max_new_tokens)
 d = args.num_draft
 
 
