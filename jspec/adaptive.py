@@ -115,6 +115,10 @@ class AdaptiveDrafter(WidthPolicy):
                                         # in every this many rounds (0: never)
   rate_decay: float = 0.1               # weight of a round in the rows' long-run token rates
   fixed: int | None = None              # the program of one width (`at_width`); None: switch
+  per_row: bool = False                 # B > 1: a round at lengths[k] verifies B * lengths[k]
+                                        # drafts, each row as many as its estimates earn
+                                        # (`row_widths`), in a packed verify of B (1 + lengths[k])
+                                        # tokens
 
   def __post_init__(self):
     if not (isinstance(self.plain_steps, int) and self.plain_steps >= 1):
@@ -135,16 +139,44 @@ class AdaptiveDrafter(WidthPolicy):
     params and state; the host chooses k between rounds (`SpecDecoder(choice="host")`)."""
     return dataclasses.replace(self, fixed=k)
 
-  def num_to_draft(self, k: jax.Array, round_index: jax.Array) -> jax.Array:
-    """[] drafts a serial drafter is asked for in a round verifying lengths[k]: the verified ones,
-    plus one past them in every `explore_every`-th round (so that the next position's estimate
-    keeps learning without paying a draft step that is never verified in every round) and in
-    plain rounds (the first draft, read off the drafter's state without a step, keeps a_1
-    learning). A function of the round index and the choice only: non-anticipating."""
-    width = jnp.asarray(self.lengths, jnp.int32)[k]
+  def num_to_draft(self, k: jax.Array, round_index: jax.Array, widths: jax.Array) -> jax.Array:
+    """[] drafts a serial drafter is asked for in a round verifying lengths[k] (rows' widths [B]):
+    the most any row verifies, plus one past them in every `explore_every`-th round (so that the
+    next position's estimate keeps learning without paying a draft step that is never verified in
+    every round) and in plain rounds (the first draft, read off the drafter's state without a step,
+    keeps a_1 learning). A function of the round index and the choice only: non-anticipating."""
+    plain = jnp.asarray(self.lengths, jnp.int32)[k] == 0
     explore = (round_index % self.explore_every == 0) if self.explore_every else False
-    extra = jnp.where((width == 0) | explore, 1, 0)
-    return jnp.minimum(width + extra, self.num_draft).astype(jnp.int32)
+    extra = jnp.where(plain | explore, 1, 0)
+    return jnp.minimum(jnp.max(widths) + extra, self.num_draft).astype(jnp.int32)
+
+  def _split(self, batch: int) -> bool:
+    return self.per_row and batch > 1
+
+  def block_width(self, k: int, batch: int) -> int:
+    """lengths[k]; with per_row, the most one row may get: min(D_max, B * lengths[k])."""
+    if not self._split(batch):
+      return self.lengths[k]
+    return min(self.num_draft, batch * self.lengths[k])
+
+  def packed_tokens(self, k: int, batch: int) -> int | None:
+    """With per_row, B (1 + lengths[k]) when fewer than the padded block's tokens."""
+    total = batch * (1 + self.lengths[k])
+    if not self._split(batch) or total >= batch * (1 + self.block_width(k, batch)):
+      return None
+    return total
+
+  def row_widths(self, params, state: AdaptiveState, draft_len: jax.Array, live: jax.Array,
+                 k: jax.Array) -> jax.Array:
+    """[B] the drafts each row verifies at lengths[k]: lengths[k]; with per_row, the batch's
+    B * lengths[k] drafts go to the positions likeliest to be reached and accepted
+    (`draft_ranks`), each row getting a prefix of its chain."""
+    b = draft_len.shape[0]
+    width = jnp.asarray(self.lengths, jnp.int32)[k]
+    if not self._split(b):
+      return jnp.broadcast_to(width, (b,))
+    ranks = draft_ranks(self._current(state), jnp.minimum(draft_len, state.avail), live)
+    return jnp.sum(ranks < b * width, axis=1).astype(jnp.int32)
 
   @property
   def plain_block(self) -> int:
@@ -234,7 +266,9 @@ class AdaptiveDrafter(WidthPolicy):
                                                             for h in ctx.target_hidden))
       return self.inner.commit(params.inner, inner, narrow)
 
-    blocks = [d + 1 if d else self.plain_block for d in self.lengths]
+    b = ctx.tokens.shape[0]
+    blocks = [self.block_width(i, b) + 1 if d else self.plain_block
+              for i, d in enumerate(self.lengths)]
     if self.fixed is not None:
       inner = commit_width(blocks[self.fixed] - 1, state.inner, ctx)
       return dataclasses.replace(state, inner=inner)
@@ -248,8 +282,14 @@ class AdaptiveDrafter(WidthPolicy):
     `remaining` [B]: the tokens each row may still make, `choose_length`)."""
     cost = self._cost(params, state)
     rate = None if remaining is None else self._rate(state, cost)
-    return choose_length(self._current(state), jnp.minimum(draft_len, state.avail), live,
-                         self.lengths, cost, self.plain_block, remaining, rate)
+    avail = jnp.minimum(draft_len, state.avail)
+    widths = None
+    if self._split(draft_len.shape[0]):
+      ranks = draft_ranks(self._current(state), avail, live)
+      budget = draft_len.shape[0] * jnp.asarray(self.lengths, jnp.int32)
+      widths = jnp.sum(ranks[:, :, None] < budget[None, None, :], axis=1)      # [B, K]
+    return choose_length(self._current(state), avail, live, self.lengths, cost, self.plain_block,
+                         remaining, rate, widths)
 
   def _cost(self, params, state: AdaptiveState) -> jax.Array:
     return cost_at(params.cost, state.mix)[self._cost_row(state.est.shape[0])]
@@ -262,13 +302,13 @@ class AdaptiveDrafter(WidthPolicy):
     al = expected_lengths(est, jnp.full((b,), d, jnp.int32), self.lengths, self.plain_block)
     return jnp.where(state.rate > 0, state.rate, jnp.max(al / cost, axis=1))
 
-  def observe(self, params, state: AdaptiveState, k: jax.Array, n_acc: jax.Array,
-              emitted: jax.Array, draft_tokens: jax.Array, draft_len: jax.Array,
+  def observe(self, params, state: AdaptiveState, k: jax.Array, widths: jax.Array,
+              n_acc: jax.Array, emitted: jax.Array, draft_tokens: jax.Array, draft_len: jax.Array,
               live: jax.Array) -> AdaptiveState:
     """Folds this round's outcomes into the estimates and the rows' token rates (after the choice
-    was made)."""
+    was made); widths [B]: the drafts each row verified."""
     width = jnp.asarray(self.lengths, jnp.int32)[k]
-    cur = update_estimates(self._current(state), width, n_acc, emitted, draft_tokens, draft_len,
+    cur = update_estimates(self._current(state), widths, n_acc, emitted, draft_tokens, draft_len,
                            live, self.decay)
     est = state.est.at[jnp.arange(cur.shape[0]), state.regime].set(cur)
     cost = self._cost(params, state)
@@ -357,27 +397,45 @@ def cost_at(cost: jax.Array, mix: jax.Array) -> jax.Array:
 
 
 def expected_lengths(est: jax.Array, draft_len: jax.Array, lengths: tuple[int, ...],
-                     plain: int = 1) -> jax.Array:
+                     plain: int = 1, widths: jax.Array | None = None) -> jax.Array:
   """[B, len(lengths)]: AL_b(D_k) = 1 + sum_{i <= min(D_k, len_b)} prod_{j <= i} est_bj; `plain`
-  tokens for D_k = 0 (a plain round of that many steps)."""
+  tokens for D_k = 0 (a plain round of that many steps). widths [B, K]: row b verifies
+  widths[b, k] drafts at lengths[k] (per-row widths) instead of D_k."""
   b, d = est.shape
   proposed = jnp.arange(d)[None, :] < draft_len[:, None]
   reach = jnp.cumprod(est, axis=1) * proposed                     # P(the first i+1 accepted)
   csum = jnp.concatenate([jnp.zeros((b, 1), est.dtype), jnp.cumsum(reach, axis=1)], axis=1)
-  al = 1.0 + csum[:, jnp.asarray(lengths)]
+  if widths is None:
+    widths = jnp.broadcast_to(jnp.asarray(lengths, jnp.int32), (b, len(lengths)))
+  al = 1.0 + jnp.take_along_axis(csum, widths, axis=1)
   return jnp.where(jnp.asarray(lengths) == 0, float(plain), al)
 
 
+def draft_ranks(est: jax.Array, draft_len: jax.Array, live: jax.Array) -> jax.Array:
+  """[B, D] each draft position's rank in the batch (0 first) by the probability that it is
+  reached and accepted, prod_{j <= i} est_bj; positions a row did not propose, and dead rows',
+  last. Ties go to the earlier position, so the n best of the batch are a prefix of each row's
+  chain, and giving each row its positions ranked below n maximises the batch's expected accepted
+  drafts among all splits of n drafts (each row's probabilities fall along its chain)."""
+  b, d = est.shape
+  ok = (jnp.arange(d)[None, :] < draft_len[:, None]) & live[:, None]
+  score = jnp.where(ok, jnp.cumprod(est, axis=1), -1.0)
+  order = jnp.argsort(-score.T.reshape(-1), stable=True)   # position-major: earlier positions first
+  ranks = jnp.zeros((d * b,), jnp.int32).at[order].set(jnp.arange(d * b, dtype=jnp.int32))
+  return ranks.reshape(d, b).T
+
+
 def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: int = 1,
-                  remaining=None, rate=None):
+                  remaining=None, rate=None, widths=None):
   """The index into `lengths` to verify. Without `remaining`: the most tokens per unit cost,
   mean_b AL_b(D_k) / cost_k over the live rows. With `remaining` [B] (tokens each row may still
   make) and `rate` [B] (each row's long-run tokens per unit of cost; default: its best
   AL_b(D_k) / cost_k this round): the length after which the batch is projected to finish
   soonest, argmin_k tau logsumexp_b(F_b(k) / tau), F_b(k) = cost_k + max(R_b - AL_b(D_k), 0) / r_b
   over the live rows, tau = sqrt(mean R) / (2 mean r) (the module docstring); at B = 1 with the
-  default rate, the same choice as without `remaining` while R exceeds every AL."""
-  al = expected_lengths(est, draft_len, lengths, plain)           # [B, K]
+  default rate, the same choice as without `remaining` while R exceeds every AL. widths [B, K]:
+  per-row widths at each length (`expected_lengths`)."""
+  al = expected_lengths(est, draft_len, lengths, plain, widths)   # [B, K]
   if remaining is not None:
     if rate is None:
       rate = jnp.max(al / cost, axis=1)
@@ -395,15 +453,16 @@ def choose_length(est, draft_len, live, lengths: tuple[int, ...], cost, plain: i
 
 
 def update_estimates(est, width, n_acc, emitted, draft_tokens, draft_len, live, decay: float):
-  """est [B, D]; width: the drafts verified this round; n_acc [B] accepted of them; emitted
-  [B, D+1] the round's tokens (accepted drafts, then the correction or bonus)."""
+  """est [B, D]; width [] or [B]: the drafts verified this round; n_acc [B] accepted of them;
+  emitted [B, D+1] the round's tokens (accepted drafts, then the correction or bonus)."""
   b, d = est.shape
   i = jnp.arange(d)[None, :]
   n = n_acc[:, None]
+  width = jnp.broadcast_to(jnp.asarray(width, jnp.int32), (b,))[:, None]
   proposed = i < draft_len[:, None]
   accepted = i < n
   rejected = (i == n) & (i < width) & proposed
-  bonus = jnp.take_along_axis(emitted, jnp.full((b, 1), width, jnp.int32), axis=1)   # [B, 1]
+  bonus = jnp.take_along_axis(emitted, width, axis=1)                               # [B, 1]
   frontier = (i == width) & (n == width) & proposed
   value = jnp.where(accepted, 1.0, jnp.where(frontier, (bonus == draft_tokens).astype(est.dtype),
                                              0.0))

@@ -4,7 +4,9 @@ keys live in its registered options dataclass (jspec/drafters/registry.py).
 
 `num_speculative_tokens: "auto"` (or a `draft_lengths` list) makes the draft length adaptive: every
 round verifies one of the compiled lengths, chosen from the acceptance of earlier rounds and the
-measured verify cost (jspec/adaptive.py); 0 among them is a plain decode step."""
+measured verify cost (jspec/adaptive.py); 0 among them is a plain decode step. `per_row: True`
+splits a round's drafts between the rows of a batch by their own acceptance (rows verify different
+numbers of drafts in one packed verify)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from jspec.adaptive import DEFAULT_LENGTHS, validate_lengths
 from jspec.drafters import registry
 
 MAX_DRAFT = 64
-TOP_KEYS = ("method", "num_speculative_tokens", "draft_lengths")
+TOP_KEYS = ("method", "num_speculative_tokens", "draft_lengths", "per_row")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +26,8 @@ class SpeculativeConfig:
   num_speculative_tokens: int | str   # D, or "auto" (adaptive over draft_lengths)
   options: Any = None      # the method's options dataclass (defaults when None)
   draft_lengths: tuple[int, ...] | None = None   # adaptive: the lengths a round may verify
+  per_row: bool = False    # adaptive, B > 1: a round at length D verifies B x D drafts, split
+                           # between the rows by their acceptance estimates
 
   def __post_init__(self):
     entry = registry.get(self.method)
@@ -39,6 +43,11 @@ class SpeculativeConfig:
     if not isinstance(d, int) or isinstance(d, bool) or not 1 <= d <= MAX_DRAFT:
       raise ValueError(f"num_speculative_tokens must be an integer in [1, {MAX_DRAFT}] or 'auto', "
                        f"got {self.num_speculative_tokens!r} (use plain decoding for 0)")
+    if not isinstance(self.per_row, bool):
+      raise ValueError(f"per_row must be true or false, got {self.per_row!r}")
+    if self.per_row and self.draft_lengths is None:
+      raise ValueError("per_row splits adaptive draft lengths between rows: set "
+                       "num_speculative_tokens='auto' (or draft_lengths) with it")
     if self.options is None:
       object.__setattr__(self, "options", entry.options())
     elif not isinstance(self.options, entry.options):
@@ -73,9 +82,11 @@ class SpeculativeConfig:
                        f"valid keys: {valid}")
     lengths = d.get("draft_lengths")
     return cls(entry.name, d["num_speculative_tokens"], entry.options(**rest),
-               None if lengths is None else validate_lengths(lengths))
+               None if lengths is None else validate_lengths(lengths), d.get("per_row", False))
 
   def to_dict(self) -> dict[str, Any]:
     extra = {} if self.draft_lengths is None else {"draft_lengths": list(self.draft_lengths)}
+    if self.per_row:
+      extra["per_row"] = True
     return dict(method=self.method, num_speculative_tokens=self.num_speculative_tokens, **extra,
                 **dataclasses.asdict(self.options))

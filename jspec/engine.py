@@ -146,7 +146,7 @@ def round_step(model, drafter, drafter_params, state: SpecState, sampling: Sampl
                                                    sampling, verify_keys)
     else:
       n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
-          model, drafter, state, draft, draft_len, sampling, verify_keys, d)
+          model, drafter, state, draft, draft_len, sampling, verify_keys, width=d)
   n_out = n_acc + n_more      # the round's tokens, less one
 
   # 4. commit: EOS inside the block, max_new_tokens and cache capacity truncate per row
@@ -203,24 +203,30 @@ def _policy_round(model, drafter: WidthPolicy, drafter_params, state: SpecState,
   elif drafter.choose_before_drafting:
     k = drafter.choose(drafter_params, dstate, jnp.full((b,), d, jnp.int32), live, remaining)
   if drafter.choose_before_drafting:
-    num = drafter.num_to_draft(k, step)
+    widths = drafter.row_widths(drafter_params, dstate, jnp.full((b,), d, jnp.int32), live, k)
+    num = drafter.num_to_draft(k, step, widths)
     draft, dstate = drafter.propose(drafter_params, dstate, ctx, draft_keys, num=num)
   else:
     draft, dstate = drafter.propose(drafter_params, dstate, ctx, draft_keys)
   draft_len = draft.length if draft.length is not None else jnp.full((b,), d, jnp.int32)
   if fixed is None and not drafter.choose_before_drafting:
     k = drafter.choose(drafter_params, dstate, draft_len, live, remaining)
+  if not drafter.choose_before_drafting:
+    widths = drafter.row_widths(drafter_params, dstate, draft_len, live, k)
+  verify_at = [functools.partial(_verify_width, model, drafter, width=drafter.block_width(i, b),
+                                 packed=drafter.packed_tokens(i, b))
+               for i in range(len(drafter.lengths))]
   if fixed is not None:       # one width, known when traced: the cache is written in place
-    n_acc, new, out_cache, hidden, extra_argmax = _verify_width(
-        model, drafter, state, draft, draft_len, sampling, verify_keys, drafter.lengths[fixed])
+    n_acc, new, out_cache, hidden, extra_argmax = verify_at[fixed](
+        state, draft, draft_len, sampling, verify_keys, row_width=widths)
   else:
     n_acc, new, new_kv, hidden, extra_argmax = jax.lax.switch(
-        k, [functools.partial(_verify_width, model, drafter, width=w, write=False)
-            for w in drafter.lengths],
-        state, draft, draft_len, sampling, verify_keys)
+        k, [functools.partial(f, write=False) for f in verify_at],
+        state, draft, draft_len, sampling, verify_keys, widths)
     out_cache = state.cache.write_block(*new_kv)
-  dstate = drafter.observe(drafter_params, dstate, k, n_acc, new, draft.tokens, draft_len, live)
-  draft_len = jnp.minimum(draft_len, jnp.asarray(drafter.lengths, jnp.int32)[k])
+  dstate = drafter.observe(drafter_params, dstate, k, widths, n_acc, new, draft.tokens, draft_len,
+                           live)
+  draft_len = jnp.minimum(draft_len, widths)
   n_more = jnp.zeros((), jnp.int32)
   if drafter.plain_block > 1 and draft.extra is None and fixed in (None, 0):
     n_more = jnp.where(k == 0, drafter.plain_block - 1, 0)
@@ -252,23 +258,28 @@ def _plain_steps(model, drafter, state: SpecState, cache, new, hidden, n_more, s
   return new, cache, hidden
 
 
-def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, keys, width: int,
-                  write: bool = True):
-  """Verifies the first `width` drafts. Returns (n_acc [B], tokens [B, D+1] (the first n_acc + 1
+def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, keys,
+                  row_width=None, *, width: int, write: bool = True, packed: int | None = None):
+  """Verifies the first `width` drafts, or row b's first row_width[b] <= width ([B], a width
+  policy's per-row widths); `packed`: the verify runs only the rows' 1 + row_width[b] tokens,
+  padded to that many (`pack_index`). Returns (n_acc [B], tokens [B, D+1] (the first n_acc + 1
   are the round's output), the target cache (write=False: the block's K/V instead, L x [B, D+1+E,
   KVH, Dh] for k and for v, zero past the block), the block's taps [B, D+1, H], extra argmax)."""
   b, d = draft.tokens.shape
   rows = jnp.arange(b)
   last = state.tokens[rows, state.length - 1]
   block = jnp.concatenate([last[:, None], draft.tokens[:, :width]], axis=1)       # [B, W+1]
+  limit = width if row_width is None else jnp.minimum(row_width, width)
+  pack = None if packed is None else pack_index(limit + 1, width + 1, packed)
   if draft.extra is None:
-    out = model(block, state.cache, taps=drafter.target_taps, write_cache=write)  # [B, W+1, V]
+    out = model(block, state.cache, taps=drafter.target_taps, write_cache=write,
+                pack=pack)                                                        # [B, W+1, V]
     extra_argmax = None
   else:
     out, extra_argmax = verify_with_extras(model, drafter, state, block, draft.extra, write)
   q = None if draft.q is None else draft.q[:, :width]
   n_acc, new = verify(keys, out.logits[:, :width + 1], sampling, draft.tokens[:, :width], q,
-                      jnp.minimum(draft_len, width))
+                      jnp.minimum(draft_len, limit))
   pad = d - width
   new = jnp.pad(new, ((0, 0), (0, pad)))
   hidden = tuple(jnp.pad(h[:, :width + 1].astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
@@ -277,6 +288,15 @@ def _verify_width(model, drafter, state: SpecState, draft, draft_len, sampling, 
     return n_acc, new, out.cache, hidden, extra_argmax
   kv = tuple(tuple(jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in xs) for xs in out.new_kv)
   return n_acc, new, kv, hidden, extra_argmax
+
+
+def pack_index(counts: jax.Array, width: int, total: int) -> jax.Array:
+  """[total] indices into a flattened [B, width] block: row b's first counts[b] positions, in
+  order, then positions past the rows' counts to fill `total` (sum(counts) <= total <= B x width;
+  the forward's work on those is discarded)."""
+  b = counts.shape[0]
+  kept = jnp.arange(width)[None, :] < counts[:, None]
+  return jnp.argsort(~kept.reshape(-1), stable=True)[:total].astype(jnp.int32)
 
 
 def _verify_tree(model, drafter, state: SpecState, draft, num_nodes, sampling, keys):

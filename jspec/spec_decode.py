@@ -75,6 +75,9 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
     raise TypeError(f"method {config.method!r} built a {type(drafter).__name__}, which does not "
                     "subclass jspec.drafters.base.Drafter; derive the drafter class from it "
                     "(docs/extending.md)")
+  if config.per_row and (drafter.confidence_schedule or drafter.num_extra):
+    raise ValueError(f"per_row needs a chain drafter that verifies only its drafts; {config.method!r} "
+                     "schedules its own widths or verifies extra tokens: drop per_row")
   if drafter.confidence_schedule:
     from jspec.confidence import ConfidenceScheduler, default_widths
     costs = cost_table or CostTable.default(method=config.method)
@@ -88,7 +91,8 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
                      "with chains only; give a tree drafter a fixed node budget "
                      "(num_speculative_tokens=N)")
   costs = cost_table or CostTable.default(method=config.method)
-  wrapped = AdaptiveDrafter(drafter, config.draft_lengths, tuple(sorted(costs.verify)))
+  wrapped = AdaptiveDrafter(drafter, config.draft_lengths, tuple(sorted(costs.verify)),
+                            per_row=config.per_row)
   return wrapped, wrapped.make_params(params, costs)
 
 

@@ -2,7 +2,9 @@
 
 One forward handles prefill, single-token decode, multi-token verification and tree verification:
 T >= 1 new tokens per row at per-row cache lengths, RoPE positions given per token, and an optional
-[B, T, T] mask among the new tokens (None = causal).
+[B, T, T] mask among the new tokens (None = causal). A packed forward (`pack`) runs the projections
+and MLPs over only the listed tokens of the [B, T] block (rows verifying different numbers of
+drafts), attention keeping the padded layout.
 """
 
 from __future__ import annotations
@@ -95,15 +97,19 @@ class Attention(nnx.Module):
     self.attention_impl = attention_impl
 
   def __call__(self, x, positions, cache: KVCache, layer: int, mask, tree_mask=None,
-               write: bool = True):
+               write: bool = True, pack=None):
     """mask: [B, T, S] `attention_mask` for the reference path (None: the api builds it); the
     kernel path reads cache.lengths and tree_mask [B, T, T] instead.
-    write=False leaves the cache as it is and returns the block's (k, v) in its place."""
+    write=False leaves the cache as it is and returns the block's (k, v) in its place.
+    pack: x is [1, N, H], the tokens at these [N] indices of the flattened [B, T] block (positions'
+    shape); the output is packed the same way."""
     cfg = self.cfg
-    b, t, _ = x.shape
-    q = self.q_proj(x).reshape(b, t, cfg.num_heads, cfg.head_dim)          # [B, T, Hq, Dh]
-    k = self.k_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)       # [B, T, KVH, Dh]
-    v = self.v_proj(x).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)       # [B, T, KVH, Dh]
+    b, t = positions.shape
+    unpack = (lambda y: y) if pack is None else (lambda y: unpack_rows(y, pack, b, t))
+    q = unpack(self.q_proj(x)).reshape(b, t, cfg.num_heads, cfg.head_dim)      # [B, T, Hq, Dh]
+    k = unpack(self.k_proj(x)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)   # [B, T, KVH, Dh]
+    v = unpack(self.v_proj(x)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)   # [B, T, KVH, Dh]
+    repack = (lambda y: y) if pack is None else (lambda y: pack_rows(y, pack))
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q = rope(q, positions, cfg.rope_theta)
@@ -112,11 +118,22 @@ class Attention(nnx.Module):
       k, v = k.astype(cache.dtype), v.astype(cache.dtype)
       out = attend_unwritten(q, cache.k[layer], cache.v[layer], cache.lengths, k, v, tree_mask,
                              impl=self.attention_impl)
-      return self.o_proj(out.reshape(b, t, -1)), (k, v)
+      return self.o_proj(repack(out.reshape(b, t, -1))), (k, v)
     cache = cache.write(layer, k, v)
     out = verify_attention(q, cache.k[layer], cache.v[layer], cache.lengths, tree_mask,
                            impl=self.attention_impl, mask=mask)             # [B, T, Hq, Dh]
-    return self.o_proj(out.reshape(b, t, -1)), cache
+    return self.o_proj(repack(out.reshape(b, t, -1))), cache
+
+
+def pack_rows(x: jax.Array, pack: jax.Array) -> jax.Array:
+  """[B, T, ...] -> [1, N, ...]: the tokens at the [N] indices `pack` of the flattened block."""
+  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])[pack][None]
+
+
+def unpack_rows(x: jax.Array, pack: jax.Array, b: int, t: int) -> jax.Array:
+  """[1, N, ...] -> [B, T, ...]: `pack_rows` undone, zeros at the tokens it left out."""
+  out = jnp.zeros((b * t, *x.shape[2:]), x.dtype).at[pack].set(x[0])
+  return out.reshape(b, t, *x.shape[2:])
 
 
 class MLP(nnx.Module):
@@ -144,8 +161,9 @@ class Block(nnx.Module):
     self.mlp = (MoE(cfg, dtype=dtype, rngs=rngs, moe_impl=moe_impl) if moe else
                 MLP(cfg, dtype=dtype, rngs=rngs, matmul_impl=matmul_impl))
 
-  def __call__(self, x, positions, cache, layer, mask, tree_mask=None, write: bool = True):
-    a, aux = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask, write)
+  def __call__(self, x, positions, cache, layer, mask, tree_mask=None, write: bool = True,
+               pack=None):
+    a, aux = self.attn(self.input_norm(x), positions, cache, layer, mask, tree_mask, write, pack)
     x = x + a
     return x + self.mlp(self.post_attn_norm(x)), aux
 
@@ -201,7 +219,7 @@ class Llama(nnx.Module):
   def __call__(self, tokens: jax.Array, cache: KVCache, *, positions: jax.Array | None = None,
                tree_mask: jax.Array | None = None, num_new: jax.Array | None = None,
                logit_indices: jax.Array | None = None, taps: Sequence[int] = (),
-               write_cache: bool = True) -> ForwardOutput:
+               write_cache: bool = True, pack: jax.Array | None = None) -> ForwardOutput:
     """tokens [B, T] go to cache slots lengths[b] + t.
 
     positions: [B, T] RoPE positions (default: the slots; a tree passes prefix length + depth).
@@ -211,8 +229,15 @@ class Llama(nnx.Module):
     write_cache: False reads the cache without writing it (jnp attention over [prefix, block]) and
       returns the block's K/V in `new_kv` with the cache unchanged, for callers that branch on the
       block (a `lax.switch` returning a written cache copies all of it) and write once after.
+    pack: [N] distinct indices into the flattened [B, T] block: only those tokens go through the
+      embedding, projections, MLPs and LM head (a verify whose rows hold different numbers of
+      drafts pays for N tokens, not B x T); attention keeps the [B, T] layout. The outputs are in
+      the [B, T] layout, with zero logits and taps at the tokens left out (the cache gets garbage
+      K/V there, past what the caller keeps).
     """
     b, t = tokens.shape
+    if pack is not None and logit_indices is not None:
+      raise ValueError("pack and logit_indices cannot be combined")
     for tap in taps:
       if not 0 <= tap <= self.config.num_layers:
         raise ValueError(f"tap {tap} out of range [0, {self.config.num_layers}]")
@@ -224,22 +249,23 @@ class Llama(nnx.Module):
     mask = None
     if impl == "reference" and write_cache:
       mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)    # [B, T, S]
-    x = self.embed(tokens)                                                  # [B, T, H]
+    unpack = (lambda y: y) if pack is None else (lambda y: unpack_rows(y, pack, b, t))
+    x = self.embed(tokens if pack is None else pack_rows(tokens, pack))    # [B, T, H] / [1, N, H]
     hidden = {}
     new_kv = []
     for i, block in enumerate(self.layers):
       if i in taps:
-        hidden[i] = x
-      x, aux = block(x, positions, cache, i, mask, tree_mask, write_cache)
+        hidden[i] = unpack(x)
+      x, aux = block(x, positions, cache, i, mask, tree_mask, write_cache, pack)
       if write_cache:
         cache = aux
       else:
         new_kv.append(aux)
     if self.config.num_layers in taps:
-      hidden[self.config.num_layers] = x
+      hidden[self.config.num_layers] = unpack(x)
     if logit_indices is not None:
       x = jnp.take_along_axis(x, logit_indices[:, :, None], axis=1)        # [B, K, H]
-    logits = self.logits(self.norm(x))
+    logits = unpack(self.logits(self.norm(x)))
     taps_out = tuple(hidden[i] for i in taps)
     if not write_cache:
       kv = (tuple(k for k, _ in new_kv), tuple(v for _, v in new_kv))

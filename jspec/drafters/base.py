@@ -158,13 +158,30 @@ class WidthPolicy(Drafter):
     """[] the index into `lengths` this round verifies, from earlier rounds and this draft only."""
     raise NotImplementedError
 
-  def num_to_draft(self, k: jax.Array, round_index: jax.Array) -> jax.Array:
-    """[] the drafts to ask for in a round verifying lengths[k] (choose_before_drafting)."""
+  def num_to_draft(self, k: jax.Array, round_index: jax.Array, widths: jax.Array) -> jax.Array:
+    """[] the drafts to ask for in a round verifying lengths[k], rows' widths [B]
+    (choose_before_drafting)."""
     raise NotImplementedError
 
-  def observe(self, params: Any, state: Any, k: jax.Array, n_acc: jax.Array, emitted: jax.Array,
-              draft_tokens: jax.Array, draft_len: jax.Array, live: jax.Array) -> Any:
-    """The state after the round's outcome (before commit)."""
+  def row_widths(self, params: Any, state: Any, draft_len: jax.Array, live: jax.Array,
+                 k: jax.Array) -> jax.Array:
+    """[B] the drafts each row verifies in a round at lengths[k] (default: lengths[k] for all)."""
+    return jnp.broadcast_to(jnp.asarray(self.lengths, jnp.int32)[k], draft_len.shape)
+
+  def block_width(self, k: int, batch: int) -> int:
+    """The drafts the verify block of lengths[k] holds per row for `batch` rows (static): the
+    widest a row may verify."""
+    return self.lengths[k]
+
+  def packed_tokens(self, k: int, batch: int) -> int | None:
+    """The tokens the verify of lengths[k] runs when rows verify different widths (static; the
+    projections see only those: `Llama(pack=...)`); None: the whole [B, 1 + block_width] block."""
+    return None
+
+  def observe(self, params: Any, state: Any, k: jax.Array, widths: jax.Array, n_acc: jax.Array,
+              emitted: jax.Array, draft_tokens: jax.Array, draft_len: jax.Array,
+              live: jax.Array) -> Any:
+    """The state after the round's outcome (before commit); widths [B] as `row_widths`."""
     raise NotImplementedError
 
   def chosen(self, state: Any) -> jax.Array:

@@ -400,13 +400,13 @@ def test_serial_drafters_explore_one_past_the_verified_length(tiny):
   position 3 never."""
   from jspec.drafters.model_free.ngram import NgramDrafter
   w = AdaptiveDrafter(NgramDrafter(7))
-  got = [[int(w.num_to_draft(jnp.int32(k), jnp.int32(r))) for r in range(1, 9)]
-         for k in range(len(w.lengths))]
+  got = [[int(w.num_to_draft(jnp.int32(k), jnp.int32(r), jnp.full((2,), w.lengths[k])))
+          for r in range(1, 9)] for k in range(len(w.lengths))]
   want = [[min(d + (1 if d == 0 or r % 4 == 0 else 0), 7) for r in range(1, 9)]
           for d in w.lengths]
   assert got == want
   assert int(AdaptiveDrafter(NgramDrafter(7), explore_every=0).num_to_draft(
-      jnp.int32(1), jnp.int32(4))) == 1
+      jnp.int32(1), jnp.int32(4), jnp.ones((1,), jnp.int32))) == 1
   with pytest.raises(ValueError, match="explore_every"):
     AdaptiveDrafter(NgramDrafter(3), explore_every=-1)
   with pytest.raises(ValueError, match="rate_decay"):
@@ -506,12 +506,13 @@ def test_rows_token_rates_follow_earlier_rounds():
   prior = np.asarray([max(4 / 3.3, 1.5 / 1.1, 1.875 / 1.4), max(4 / 3.3, 1.9 / 1.1, 3.439 / 1.4)])
   emitted = jnp.zeros((2, 4), jnp.int32)
   live = jnp.asarray([True, False])
-  out = w.observe(params, state, jnp.int32(2), jnp.asarray([3, 0]), emitted, emitted[:, 1:],
+  out = w.observe(params, state, jnp.int32(2), jnp.full((2,), 3), jnp.asarray([3, 0]), emitted,
+                  emitted[:, 1:],
                   jnp.asarray([3, 3]), live)
   assert float(out.rate[0]) == pytest.approx(prior[0] + 0.1 * (4 / 1.4 - prior[0]), rel=1e-5)
   assert float(out.rate[1]) == 0.0                       # a finished row keeps its rate
-  again = w.observe(params, out, jnp.int32(0), jnp.asarray([0, 0]), emitted, emitted[:, 1:],
-                    jnp.asarray([3, 3]), jnp.asarray([True, True]))
+  again = w.observe(params, out, jnp.int32(0), jnp.zeros((2,), jnp.int32), jnp.asarray([0, 0]),
+                    emitted, emitted[:, 1:], jnp.asarray([3, 3]), jnp.asarray([True, True]))
   r0 = float(out.rate[0])
   # a plain round: its 4 steps' tokens over its cost
   assert float(again.rate[0]) == pytest.approx(r0 + 0.1 * (4 / 3.3 - r0), rel=1e-5)

@@ -159,7 +159,7 @@ def block_modules(target):
                                     "eagle3-tree", "medusa", "medusa-tree",
                                     "medusa-shared", "mtp",
                                     "dflash", "dspark-schedule", "hybrid",
-                                    "hybrid-auto"])
+                                    "hybrid-auto", "ngram-auto-rows"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cache_target,
                                                      draft, eagle3_head,
                                                      eagle3_shared_head, medusa_head,
@@ -189,6 +189,11 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cac
   if method == "dspark-schedule":   # sampled Markov drafts, prefixes cut by the confidences
     method = cfg["method"] = "dspark"
     cfg["confidence_schedule"] = True
+  if method.endswith("-rows"):
+    # per-row widths: a row whose first token occurs in the prompt has n-gram drafts, the others
+    # none, so a round's drafts go to the former and rows verify 0, 1 or 2 in one batch
+    method = cfg["method"] = method.removesuffix("-rows")
+    cfg.update(per_row=True, prompt_lookup_min=1)
   if method.endswith("-auto"):   # adaptive over draft lengths {0, 1, 2}
     method = cfg["method"] = method.removesuffix("-auto")
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])
@@ -227,6 +232,8 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cac
   assert results[-1].rounds > 0
   if before_chunk is not None:
     assert [max(r.verified_lengths, key=r.verified_lengths.get) for r in results] == [2, 1, 0, 2]
+  if cfg.get("per_row"):   # rounds of one draft per row on average verified second drafts
+    assert results[1].offered_at[1] > 0
   if cfg.get("confidence_schedule"):     # sampled rows were cut at both 0 and 1
     assert all(0.1 < r.drafted / CHUNK < 0.9 for r in results), [r.drafted for r in results]
   for g, (t, k, p) in enumerate(GROUPS):

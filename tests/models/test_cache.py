@@ -135,3 +135,39 @@ def test_unwritten_forward_then_write_block_equals_the_writing_forward(model, tr
                                atol=1e-5)
   with pytest.raises(ValueError, match="one k and one v per layer"):
     cache.write_block(out.new_kv[0][:1], out.new_kv[1])
+
+
+@pytest.mark.parametrize("write", [True, False])
+def test_packed_forward_equals_the_padded_one(model, write):
+  """A block whose rows verify different numbers of tokens, run packed (only each row's first
+  n_b tokens through the projections and MLPs): the logits, taps and cached K/V of those tokens
+  equal the padded forward's; the rows' other positions are zeros in logits and taps."""
+  rng = np.random.default_rng(7)
+  b, t, n = 3, 5, [5, 1, 3]
+  prefix = [6, 11, 8]
+  cache = KVCache.init(CFG, b, 32)
+  toks = np.zeros((b, max(prefix)), np.int32)
+  for r in range(b):
+    toks[r, :prefix[r]] = rng.integers(0, CFG.vocab_size, prefix[r])
+  cache = model(jnp.asarray(toks), cache, num_new=jnp.asarray(prefix)).cache
+  block = jnp.asarray(rng.integers(0, CFG.vocab_size, (b, t)), jnp.int32)
+  keep = np.flatnonzero((np.arange(t)[None, :] < np.asarray(n)[:, None]).reshape(-1))
+  taps = (0, 2, CFG.num_layers)
+  full = model(block, cache, taps=taps, write_cache=write)
+  packed = model(block, cache, taps=taps, write_cache=write, pack=jnp.asarray(keep, jnp.int32))
+  for r in range(b):
+    np.testing.assert_allclose(np.asarray(packed.logits[r, :n[r]]),
+                               np.asarray(full.logits[r, :n[r]]), atol=2e-5)
+    assert not np.any(np.asarray(packed.logits[r, n[r]:]))
+    for h_full, h_packed in zip(full.hidden, packed.hidden):
+      np.testing.assert_allclose(np.asarray(h_packed[r, :n[r]]), np.asarray(h_full[r, :n[r]]),
+                                 atol=2e-5)
+      assert not np.any(np.asarray(h_packed[r, n[r]:]))
+    for layer in range(CFG.num_layers):
+      if write:
+        got = [np.asarray(c.k[layer][r, prefix[r]:prefix[r] + n[r]]) for c in (packed.cache, full.cache)]
+      else:
+        got = [np.asarray(o.new_kv[0][layer][r, :n[r]]) for o in (packed, full)]
+      np.testing.assert_allclose(got[0], got[1], atol=2e-5)
+  with pytest.raises(ValueError, match="pack and logit_indices"):
+    model(block, cache, pack=jnp.asarray(keep, jnp.int32), logit_indices=jnp.zeros((b, 1), jnp.int32))
