@@ -76,8 +76,9 @@ def build_drafter(config: SpeculativeConfig, target: Llama, draft_model: Llama |
                     "subclass jspec.drafters.base.Drafter; derive the drafter class from it "
                     "(docs/extending.md)")
   if config.per_row and (drafter.confidence_schedule or drafter.num_extra):
-    raise ValueError(f"per_row needs a chain drafter that verifies only its drafts; {config.method!r} "
-                     "schedules its own widths or verifies extra tokens: drop per_row")
+    raise ValueError(f"per_row needs a chain drafter that verifies only its drafts; "
+                     f"{config.method!r} schedules its own widths or verifies extra tokens: drop "
+                     "per_row")
   if drafter.confidence_schedule:
     from jspec.confidence import ConfidenceScheduler, default_widths
     costs = cost_table or CostTable.default(method=config.method)

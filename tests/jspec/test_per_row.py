@@ -74,6 +74,8 @@ def test_per_row_config_errors(tiny):
     SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": 3, "per_row": True})
   with pytest.raises(ValueError, match="per_row must be"):
     SpecDecoder(tiny, {"method": "ngram", "num_speculative_tokens": "auto", "per_row": "yes"})
+  with pytest.raises(ValueError, match="per_row needs a chain drafter"):
+    SpecDecoder(tiny, {"method": "lookahead", "num_speculative_tokens": "auto", "per_row": True})
 
 
 def test_rows_verify_different_widths_and_match_plain_greedy(tiny):

@@ -165,9 +165,11 @@ def test_packed_forward_equals_the_padded_one(model, write):
       assert not np.any(np.asarray(h_packed[r, n[r]:]))
     for layer in range(CFG.num_layers):
       if write:
-        got = [np.asarray(c.k[layer][r, prefix[r]:prefix[r] + n[r]]) for c in (packed.cache, full.cache)]
+        got = [np.asarray(c.k[layer][r, prefix[r]:prefix[r] + n[r]])
+               for c in (packed.cache, full.cache)]
       else:
         got = [np.asarray(o.new_kv[0][layer][r, :n[r]]) for o in (packed, full)]
       np.testing.assert_allclose(got[0], got[1], atol=2e-5)
   with pytest.raises(ValueError, match="pack and logit_indices"):
-    model(block, cache, pack=jnp.asarray(keep, jnp.int32), logit_indices=jnp.zeros((b, 1), jnp.int32))
+    model(block, cache, pack=jnp.asarray(keep, jnp.int32),
+          logit_indices=jnp.zeros((b, 1), jnp.int32))
