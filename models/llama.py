@@ -101,15 +101,15 @@ class Attention(nnx.Module):
     """mask: [B, T, S] `attention_mask` for the reference path (None: the api builds it); the
     kernel path reads cache.lengths and tree_mask [B, T, T] instead.
     write=False leaves the cache as it is and returns the block's (k, v) in its place.
-    pack: x is [1, N, H], the tokens at these [N] indices of the flattened [B, T] block (positions'
-    shape); the output is packed the same way."""
+    pack: a `Packing`: x is [1, N, H], N tokens of the [B, T] block (positions' shape); the
+    output is packed the same way."""
     cfg = self.cfg
     b, t = positions.shape
-    unpack = (lambda y: y) if pack is None else (lambda y: unpack_rows(y, pack, b, t))
+    unpack = (lambda y: y) if pack is None else (lambda y: pack.unpack(y, b, t))
     q = unpack(self.q_proj(x)).reshape(b, t, cfg.num_heads, cfg.head_dim)      # [B, T, Hq, Dh]
     k = unpack(self.k_proj(x)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)   # [B, T, KVH, Dh]
     v = unpack(self.v_proj(x)).reshape(b, t, cfg.num_kv_heads, cfg.head_dim)   # [B, T, KVH, Dh]
-    repack = (lambda y: y) if pack is None else (lambda y: pack_rows(y, pack))
+    repack = (lambda y: y) if pack is None else pack.pack
     if cfg.qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     q = rope(q, positions, cfg.rope_theta)
@@ -125,15 +125,27 @@ class Attention(nnx.Module):
     return self.o_proj(repack(out.reshape(b, t, -1))), cache
 
 
-def pack_rows(x: jax.Array, pack: jax.Array) -> jax.Array:
-  """[B, T, ...] -> [1, N, ...]: the tokens at the [N] indices `pack` of the flattened block."""
-  return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])[pack][None]
+@dataclasses.dataclass(frozen=True)
+class Packing:
+  """N of the tokens of a [B, T] block, in both directions as gathers (a scatter per layer cost
+  more on XLA:CPU)."""
+  index: jax.Array       # [N] distinct indices into the flattened [B, T] block
+  inverse: jax.Array     # [B * T] each token's place among the N, N for a token left out
 
+  @classmethod
+  def of(cls, index: jax.Array, b: int, t: int) -> "Packing":
+    n = index.shape[0]
+    inverse = jnp.full((b * t,), n, jnp.int32).at[index].set(jnp.arange(n, dtype=jnp.int32))
+    return cls(index, inverse)
 
-def unpack_rows(x: jax.Array, pack: jax.Array, b: int, t: int) -> jax.Array:
-  """[1, N, ...] -> [B, T, ...]: `pack_rows` undone, zeros at the tokens it left out."""
-  out = jnp.zeros((b * t, *x.shape[2:]), x.dtype).at[pack].set(x[0])
-  return out.reshape(b, t, *x.shape[2:])
+  def pack(self, x: jax.Array) -> jax.Array:
+    """[B, T, ...] -> [1, N, ...]."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])[self.index][None]
+
+  def unpack(self, x: jax.Array, b: int, t: int) -> jax.Array:
+    """[1, N, ...] -> [B, T, ...], zeros at the tokens left out."""
+    padded = jnp.concatenate([x[0], jnp.zeros((1, *x.shape[2:]), x.dtype)], axis=0)
+    return padded[self.inverse].reshape(b, t, *x.shape[2:])
 
 
 class MLP(nnx.Module):
@@ -249,8 +261,10 @@ class Llama(nnx.Module):
     mask = None
     if impl == "reference" and write_cache:
       mask = attention_mask(cache.lengths, t, cache.max_len, tree_mask)    # [B, T, S]
-    unpack = (lambda y: y) if pack is None else (lambda y: unpack_rows(y, pack, b, t))
-    x = self.embed(tokens if pack is None else pack_rows(tokens, pack))    # [B, T, H] / [1, N, H]
+    if pack is not None:
+      pack = Packing.of(pack, b, t)
+    unpack = (lambda y: y) if pack is None else (lambda y: pack.unpack(y, b, t))
+    x = self.embed(tokens if pack is None else pack.pack(tokens))          # [B, T, H] / [1, N, H]
     hidden = {}
     new_kv = []
     for i, block in enumerate(self.layers):
