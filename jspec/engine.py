@@ -294,7 +294,6 @@ def pack_index(counts: jax.Array, width: int, total: int) -> jax.Array:
   """[total] indices into a flattened [B, width] block: row b's first counts[b] positions, in
   order, then positions past the rows' counts to fill `total` (sum(counts) <= total <= B x width;
   the forward's work on those is discarded)."""
-  b = counts.shape[0]
   kept = jnp.arange(width)[None, :] < counts[:, None]
   return jnp.argsort(~kept.reshape(-1), stable=True)[:total].astype(jnp.int32)
 
