@@ -343,26 +343,42 @@ def cmd_medusa(args) -> None:
          draft_ids=None if init is None else np.asarray(init.draft_to_target[...]))
 
 
+MTP_VOCAB = 6144     # `jspec train mtp --draft-vocab` without --init
+
+
 def cmd_mtp(args) -> None:
   from jspec.drafters import heads
   from jspec.drafters.mtp import checkpoint as mtp_format
   from jspec.train import mtp
   from jspec.train.features import last_slot_features
 
+  init = None
+  if args.init is not None:   # the module fixes its draft vocabulary: the flag may only agree
+    try:
+      init = mtp_format.load_mtp(args.init)
+      _take_from_init(args, "the module's draft vocabulary",
+                      dict(draft_vocab=init.config.draft_vocab_size))
+    except (ValueError, OSError) as e:
+      sys.exit(f"jspec: {e}")
+  elif args.draft_vocab is None:
+    args.draft_vocab = MTP_VOCAB
+
   def validate():
     _positive(args, "mtp_steps")
     if not 0 < args.beta <= 1:
       raise ValueError(f"--beta must be in (0, 1], got {args.beta}")
 
-  _train(args, heads.WEIGHTS, validate,
-         lambda target, ids: mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta,
-                                          seed=args.seed,
-                                          compute_dtype=COMPUTE_DTYPES[args.compute_dtype]),
+  def task(target, ids):
+    return mtp.mtp_task(target, ids, steps=args.mtp_steps, beta=args.beta, seed=args.seed,
+                        module=init, compute_dtype=COMPUTE_DTYPES[args.compute_dtype])
+
+  _train(args, heads.WEIGHTS, validate, task,
          lambda target, folder, cfg, task: last_slot_features(
              target, args.data, folder, batch_size=cfg.batch_size,
              progress=not args.no_progress),
          lambda module, folder, dtype, verifier: mtp_format.save_mtp(
-             module, folder, dtype=dtype, num_draft=args.mtp_steps, verifier=verifier))
+             module, folder, dtype=dtype, num_draft=args.mtp_steps, verifier=verifier),
+         draft_ids=None if init is None else np.asarray(init.draft_to_target[...]))
 
 
 BLOCK_SHAPE = dict(num_layers=1, block_size=8, sliding_window=0, markov_rank=256,
@@ -691,11 +707,16 @@ def add_parser(sub, default_model: str) -> None:
                  help="K recursive steps trained: step k predicts the token k+1 ahead")
   mt.add_argument("--beta", type=float, default=0.6,
                  help="step k's loss weight is beta^(k-1), normalised (FastMTP)")
-  mt.add_argument("--draft-vocab", type=int, default=6144,
-                 help="rows of the target's LM head the module drafts from (and the loss uses)")
+  mt.add_argument("--draft-vocab", type=int, default=None,
+                 help="rows of the target's LM head the module drafts from (and the loss uses; "
+                      f"default {MTP_VOCAB})")
   mt.add_argument("--vocab-coverage", type=float, default=None,
                   help="size the draft vocabulary (a multiple of 256) to hold this share of "
                        "held-out reply tokens, e.g. 0.97; overrides --draft-vocab")
+  mt.add_argument("--init", default=None,
+                  help="start from this MTP head folder (its draft vocabulary and weights; the "
+                       "optimiser and schedule start afresh), e.g. to train an exported module "
+                       "further on new data")
   mt.add_argument("--save-every", type=int, default=100)
   mt.add_argument("--keep", type=int, default=3)
   mt.add_argument("--eval-every", type=int, default=200)

@@ -1,6 +1,7 @@
 """MTP training on tiny configs: the training-time-test pass equals the drafting path it simulates,
 the loss falls and the trained module accepts, a resumed run reproduces the uninterrupted one, the
-feature cache's last slot is the final normed hidden state, and the step weights are FastMTP's."""
+feature cache's last slot is the final normed hidden state, the step weights are FastMTP's, and
+`--init` continues an exported module."""
 
 import os
 import shutil
@@ -18,6 +19,7 @@ from jspec.train import features, mtp, trainer
 from jspec.train.shared import MixedDot
 from jspec.train.shards import TokenShards
 from models import KVCache, Llama, LlamaConfig
+from tests.jspec.train.cli_run import cli_train, train_log
 from tests.jspec.train.mixed import check_mixed_matches_float32
 from tests.jspec.train.packed import check_packed_equals_apart
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
@@ -206,3 +208,59 @@ def test_bad_settings_fail_early(target):
     mtp.mtp_task(target, IDS, steps=0)
   with pytest.raises(ValueError, match=r"beta .* must be in \(0, 1\]"):
     mtp.mtp_task(target, IDS, beta=0.0)
+
+
+def _cli_train(target, data, monkeypatch, *argv):
+  """`jspec train mtp` on the tiny target (the loader returns it)."""
+  cli_train("mtp", target, data, monkeypatch, *argv, lr="1e-2")
+
+
+def test_init_continues_from_an_exported_module(target, data_dir, tmp_path, monkeypatch):
+  """`--init HEAD` starts from the module's weights and vocabulary: the continued run's first loss
+  is a trained module's, not a fresh one's, and its export keeps the vocabulary."""
+  from jspec.drafters.mtp import checkpoint as mf
+  data, _, _ = data_dir
+  first, then = str(tmp_path / "a"), str(tmp_path / "b")
+  _cli_train(target, data, monkeypatch, "--out", first, "--steps", "40", "--draft-vocab", "48")
+  _cli_train(target, data, monkeypatch, "--out", then, "--steps", "6", "--init", first + "/head",
+             "--draft-vocab", "48")                         # agreeing with the module is allowed
+  a, b = train_log(first), train_log(then)
+  assert a[-1]["loss"] < a[0]["loss"] - 0.5, (a[0]["loss"], a[-1]["loss"])
+  assert b[0]["loss"] < (a[0]["loss"] + a[-1]["loss"]) / 2, (a[0]["loss"], a[-1]["loss"], b[0])
+  x, y = mf.load_mtp(first + "/head"), mf.load_mtp(then + "/head")
+  assert x.config == y.config and y.config.draft_vocab_size == 48
+  np.testing.assert_array_equal(np.asarray(y.draft_to_target[...]),
+                                np.asarray(x.draft_to_target[...]))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--draft-vocab", "32"], "drop --draft-vocab 32 (the head has 60)"),
+    (["--vocab-coverage", "0.9"], "drop --vocab-coverage"),
+])
+def test_init_refuses_flags_that_differ_from_the_module(target, data_dir, tmp_path, monkeypatch,
+                                                        argv, message):
+  from jspec.drafters.mtp import checkpoint as mf
+  data, _, _ = data_dir
+  head = str(tmp_path / "head")
+  mf.save_mtp(mtp.init_module(target, IDS), head, dtype=jnp.float32, verifier="tiny")
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "2",
+               "--init", head, *argv)
+  assert message in str(e.value)
+  assert not os.path.exists(tmp_path / "c")        # refused before anything was written
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
+               "--init", str(tmp_path / "nothing"))
+  assert str(tmp_path / "nothing") in str(e.value)
+
+
+def test_init_from_a_module_of_another_target_is_refused(target, data_dir, tmp_path, monkeypatch):
+  from jspec.drafters.mtp import checkpoint as mf
+  data, _, _ = data_dir
+  other = Llama(LlamaConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8), rngs=nnx.Rngs(1))
+  head = str(tmp_path / "other")
+  mf.save_mtp(mtp.init_module(other, IDS), head, dtype=jnp.float32, verifier="tiny")
+  with pytest.raises(SystemExit) as e:
+    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "6",
+               "--init", head)
+  assert "MTP module hidden size 32 differs" in str(e.value)
