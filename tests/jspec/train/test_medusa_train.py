@@ -11,7 +11,7 @@ from flax import nnx
 
 from jspec import Decoder, SpecDecoder
 from jspec.train import eagle3, medusa, trainer
-from tests.jspec.train.cli_run import cli_train, train_log
+from tests.jspec.train.cli_run import assert_init_refused, cli_train, train_log
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
 from models import Llama, LlamaConfig
 
@@ -174,21 +174,13 @@ def test_init_continues_from_exported_heads(target, data_dir, tmp_path, monkeypa
 ])
 def test_init_refuses_flags_that_differ_from_the_head(target, data_dir, tmp_path, monkeypatch,
                                                       argv, message):
-  import os
-
   from jspec.drafters.medusa import checkpoint as mf
   data, _ = data_dir
   head = str(tmp_path / "head")
   mf.save_medusa(medusa.init_head(target, IDS), head, dtype=jnp.float32, verifier="tiny")
-  with pytest.raises(SystemExit) as e:
-    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "2",
-               "--init", head, *argv)
-  assert message in str(e.value)
-  assert not os.path.exists(tmp_path / "c")        # refused before anything was written
-  with pytest.raises(SystemExit) as e:
-    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
-               "--init", str(tmp_path / "nothing"))
-  assert str(tmp_path / "nothing") in str(e.value)
+  assert_init_refused(lambda out, *flags: _cli_train(target, data, monkeypatch, "--out", out,
+                                                     "--steps", "2", *flags),
+                      tmp_path, head, argv, message)
 
 
 def test_init_from_heads_of_another_target_is_refused(target, data_dir, tmp_path, monkeypatch):

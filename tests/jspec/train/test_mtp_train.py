@@ -19,7 +19,7 @@ from jspec.train import features, mtp, trainer
 from jspec.train.shared import MixedDot
 from jspec.train.shards import TokenShards
 from models import KVCache, Llama, LlamaConfig
-from tests.jspec.train.cli_run import cli_train, train_log
+from tests.jspec.train.cli_run import assert_init_refused, cli_train, train_log
 from tests.jspec.train.mixed import check_mixed_matches_float32
 from tests.jspec.train.packed import check_packed_equals_apart
 from tests.jspec.train.shards import random_prompts, write_greedy_shards
@@ -243,15 +243,9 @@ def test_init_refuses_flags_that_differ_from_the_module(target, data_dir, tmp_pa
   data, _, _ = data_dir
   head = str(tmp_path / "head")
   mf.save_mtp(mtp.init_module(target, IDS), head, dtype=jnp.float32, verifier="tiny")
-  with pytest.raises(SystemExit) as e:
-    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "c"), "--steps", "2",
-               "--init", head, *argv)
-  assert message in str(e.value)
-  assert not os.path.exists(tmp_path / "c")        # refused before anything was written
-  with pytest.raises(SystemExit) as e:
-    _cli_train(target, data, monkeypatch, "--out", str(tmp_path / "d"), "--steps", "2",
-               "--init", str(tmp_path / "nothing"))
-  assert str(tmp_path / "nothing") in str(e.value)
+  assert_init_refused(lambda out, *flags: _cli_train(target, data, monkeypatch, "--out", out,
+                                                     "--steps", "2", *flags),
+                      tmp_path, head, argv, message)
 
 
 def test_init_from_a_module_of_another_target_is_refused(target, data_dir, tmp_path, monkeypatch):
