@@ -15,6 +15,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jspec.confidence import fit_temperatures
 from jspec.drafters.dflash import checkpoint as dflash_format
@@ -64,11 +65,13 @@ def calibrate_dspark(target: Llama, folder: str, data: Replies, *, source: str =
   ids = module.backbone.draft_to_target[...]
   tokens = jnp.asarray(data.tokens)
   feats = target_features(target, tokens, module.config.taps, ids)
-  _, _, out = jax.jit(lambda t, m, l: block_loss(
-      module, target.embed_table(), target.head_rows(ids), feats.taps,
-      feats.target_logits, t, m, l, jax.random.key(0), gamma=4.0,
-      max_anchors=min(128, tokens.shape[1]),
-      outputs=True))(tokens, jnp.asarray(data.reply.astype(np.int32)), jnp.asarray(data.length))
+  graphdef, state = nnx.split(module)
+  # weights and features go in as arguments: closed over, they would be baked into the program
+  _, _, out = jax.jit(lambda s, *a: block_loss(
+      nnx.merge(graphdef, s), *a, jax.random.key(0), gamma=4.0,
+      max_anchors=min(128, tokens.shape[1]), outputs=True))(
+          state, target.embed_table(), target.head_rows(ids), feats.taps, feats.target_logits,
+          tokens, jnp.asarray(data.reply.astype(np.int32)), jnp.asarray(data.length))
   d = module.config.max_draft
   full = np.asarray(jnp.all(out["w"] > 0, axis=-1)).reshape(-1)      # blocks with every label
   if not full.any():

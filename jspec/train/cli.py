@@ -202,8 +202,6 @@ def cmd_eagle3(args) -> None:
 def cmd_replay(args) -> None:
   import hashlib
 
-  import jax
-
   import models
   from jspec import prompt_suite
   from jspec.drafters.eagle3 import checkpoint as speculators_format
@@ -241,8 +239,8 @@ def cmd_replay(args) -> None:
       from jspec.io import atomic_write_bytes
       atomic_write_bytes(args.replies, json.dumps(dict(key=key, replies=replies)).encode())
   attach_target_rows(head, target)
-  predict = jax.jit(lambda t: eagle3.draft_predictions(head, target, t, args.num_draft))
-  result = replay_prompts([(p.category, i) for p, i in zip(prompts, ids)], replies, predict)
+  result = replay_prompts([(p.category, i) for p, i in zip(prompts, ids)], replies,
+                          eagle3.draft_predictor(head, target, args.num_draft))
   report = dict(head=os.path.abspath(args.head), prompts=args.prompts, num_draft=args.num_draft,
                 max_new_tokens=args.max_new_tokens, per_category=args.per_category,
                 categories={k: dict(acceptance_length=r.acceptance_length, rounds=r.rounds,

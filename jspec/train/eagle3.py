@@ -12,6 +12,7 @@ itself: exactly what drafting token t+2+j after anchor t sees.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -189,3 +190,12 @@ def draft_predictions(head: Eagle3Head, target: Llama, tokens: jax.Array,
   outs = ttt_forward(head, target.embed_table(), feats.taps, tokens, anchors, num_draft)
   ids = head.draft_to_target[...]
   return jnp.stack([ids[jnp.argmax(head.draft_logits(a), -1)] for a in outs], axis=1)
+
+
+def draft_predictor(head: Eagle3Head, target: Llama, num_draft: int):
+  """`draft_predictions` jitted with the weights as arguments, not closed over: a closure would
+  bake both models' weights into every compiled length as constants (the replay compiles one
+  program per padded length; on the default model that held gigabytes per length)."""
+  graphdef, state = nnx.split((head, target))
+  fn = jax.jit(lambda s, t: draft_predictions(*nnx.merge(graphdef, s), t, num_draft))
+  return functools.partial(fn, state)
