@@ -53,6 +53,11 @@ class SpeculativeConfig:
     elif not isinstance(self.options, entry.options):
       raise ValueError(f"options for {entry.name!r} must be a {entry.options.__name__}, got "
                        f"{type(self.options).__name__}")
+    if self.adaptive and (getattr(self.options, "tree_top_k", 0)
+                          or getattr(self.options, "tree_choices", None)):
+      raise ValueError("adaptive draft lengths (num_speculative_tokens='auto' or draft_lengths) "
+                       "work with chains only; give a tree drafter a fixed node budget "
+                       "(num_speculative_tokens=N)")
 
   @property
   def max_draft(self) -> int:

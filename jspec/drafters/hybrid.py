@@ -14,6 +14,11 @@ skipped in a round where every row copies (`lax.cond`; at B = 1, every round wit
 Under the adaptive draft length (`"auto"`) the two sides are two regimes (`regime`): the choice
 reads whether a row copies this round, and how far its copy goes, before anything is drafted,
 and keeps separate acceptance estimates for copied and learned drafts.
+
+Over a tree drafter (an EAGLE-2 tree of EAGLE-3 or MTP: `tree_top_k`, `tree_depth`) the hybrid
+drafts trees of the node budget: a copying row's chain is the tree whose node i hangs under node
+i - 1, the other rows carry the head's tree, and the round verifies both under one ancestor mask
+(jspec.tree): lossless for the same reason, whichever side a row drafts.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jspec.drafters import registry
+from jspec.drafters import eagle_tree, registry
 from jspec.drafters.base import Context, Draft, Drafter
 from jspec.drafters.model_free.ngram import NgramDrafter, NgramOptions
 
@@ -47,9 +52,9 @@ class HybridDrafter(Drafter):
     if self.copy.target_taps or self.copy.tree or self.copy.num_extra:
       raise ValueError(f"the hybrid's copy drafter must draft plain chains without the target's "
                        f"hidden states; {type(self.copy).__name__} does not")
-    if self.learned.tree or self.learned.num_extra or self.learned.confidence_schedule:
-      raise ValueError(f"the hybrid drafts chains: {type(self.learned).__name__} is set to draft "
-                       "trees, extra tokens or confidence-scheduled prefixes; drop those options")
+    if self.learned.num_extra or self.learned.confidence_schedule:
+      raise ValueError(f"the hybrid drafts chains or trees: {type(self.learned).__name__} is set to "
+                       "draft extra tokens or confidence-scheduled prefixes; drop those options")
     if self.copy.num_draft != self.learned.num_draft:
       raise ValueError(f"the hybrid's drafters must draft equally many tokens, got "
                        f"{self.copy.num_draft} and {self.learned.num_draft}")
@@ -61,6 +66,10 @@ class HybridDrafter(Drafter):
   @property
   def target_taps(self) -> tuple[int, ...]:
     return self.learned.target_taps
+
+  @property
+  def tree(self) -> bool:
+    return self.learned.tree
 
   @property
   def variable_length(self) -> bool:
@@ -102,7 +111,11 @@ class HybridDrafter(Drafter):
     if learned.q is not None:
       onehot = jax.nn.one_hot(copy.tokens, learned.q.shape[-1], dtype=learned.q.dtype)
       q = jnp.where(use[:, None, None], onehot, learned.q)
-    draft = Draft(tokens=tokens, q=q, length=jnp.where(use, copy_len, learned_len))
+    parent = None
+    if self.tree:   # a copied chain as a tree: node i's parent is block i (node i - 1; 0 = root)
+      chain = jnp.broadcast_to(jnp.arange(d, dtype=jnp.int32), (b, d))
+      parent = jnp.where(use[:, None], chain, learned.parent)
+    draft = Draft(tokens=tokens, q=q, length=jnp.where(use, copy_len, learned_len), parent=parent)
     return draft, HybridState(copy_state, learned_state)
 
   def commit(self, params, state: HybridState, ctx: Context) -> HybridState:
@@ -129,6 +142,8 @@ class HybridOptions:
   prompt_lookup_min: int = 2     # copy where a suffix n-gram of at least this many tokens
   prompt_lookup_max: int = 4     # (up to this many) occurred before
   draft_sampling: bool = True    # the learned drafter samples from its processed q vs argmax
+  tree_top_k: int = 0            # > 0: the learned drafter's EAGLE-2 trees (eagle3, mtp);
+  tree_depth: int = 0            # num_speculative_tokens is then the node budget
 
   def __post_init__(self):
     name = self.learned.replace("-", "_") if isinstance(self.learned, str) else self.learned
@@ -138,6 +153,10 @@ class HybridOptions:
     NgramOptions(self.prompt_lookup_min, self.prompt_lookup_max)   # validates the sizes
     if self.head is not None and "head" not in _fields(name):
       raise ValueError(f"hybrid learned={name!r} takes no head folder; drop head")
+    eagle_tree.check_options(self.tree_top_k, self.tree_depth)
+    if self.tree_top_k and "tree_top_k" not in _fields(name):
+      raise ValueError(f"hybrid learned={name!r} drafts no EAGLE-2 trees (eagle3 and mtp do); "
+                       "drop tree_top_k and tree_depth")
 
 
 def _fields(method: str) -> set[str]:
@@ -146,7 +165,8 @@ def _fields(method: str) -> set[str]:
 
 def _build(opts: HybridOptions, num_draft: int, target, draft_model=None):
   entry = registry.get(opts.learned)
-  keys = {"head": opts.head, "draft_sampling": opts.draft_sampling}
+  keys = {"head": opts.head, "draft_sampling": opts.draft_sampling,
+          "tree_top_k": opts.tree_top_k or None, "tree_depth": opts.tree_depth or None}
   learned, params = entry.build(
       entry.options(**{k: v for k, v in keys.items() if k in _fields(opts.learned)
                        and v is not None}), num_draft, target, draft_model)
@@ -161,4 +181,8 @@ registry.register(registry.Method(
                                 f"the hybrid's learned drafter ({', '.join(LEARNED)})"),
                registry.CliFlag("--head", "head", str, "the learned drafter's head folder"),
                registry.CliFlag("--ngram-min", "prompt_lookup_min", int, "shortest n-gram"),
-               registry.CliFlag("--ngram-max", "prompt_lookup_max", int, "longest n-gram"))))
+               registry.CliFlag("--ngram-max", "prompt_lookup_max", int, "longest n-gram"),
+               registry.CliFlag("--tree-top-k", "tree_top_k", int,
+                                "the learned drafter's EAGLE-2 tree: children per node"),
+               registry.CliFlag("--tree-depth", "tree_depth", int,
+                                "the learned drafter's EAGLE-2 tree: depth"))))

@@ -5,7 +5,7 @@ the model-free suffix, lookahead and prediction drafters D = 3; EAGLE-3 also wit
 "auto" (every length and plain rounds; n-gram's adaptive rounds are in the tiny-model tests and
 every benchmark run); EAGLE-2 trees of 10 nodes on the EAGLE-3 head; the best static Medusa tree of
 8 nodes; EAGLE-2 trees of 6 nodes on the MTP module; DFlash blocks of 8 (D = 7); DSpark blocks of 4
-(D = 4) and of 8 with confidence-scheduled prefixes; the n-gram / EAGLE-3 hybrid D = 3.
+(D = 4) and of 8 with confidence-scheduled prefixes; the n-gram / EAGLE-3 hybrid over 3-node trees.
 (Chains of other lengths are in the tiny-model tests, the exact enumeration and the Monte-Carlo
 test; the CI budget bounds this file.)
 
@@ -71,8 +71,10 @@ DRAFTERS = {
     "dspark": lambda d: ({"method": "dspark", "num_speculative_tokens": d}, False),
     "dspark_schedule": lambda d: ({"method": "dspark", "num_speculative_tokens": d,
                                    "confidence_schedule": True}, False),
-    # n-gram lookup where a 2-gram repeats, the shipped EAGLE-3 head elsewhere
-    "hybrid": lambda d: ({"method": "hybrid", "num_speculative_tokens": d}, False),
+    # n-gram lookup where a 2-gram repeats (its chain as a tree), the shipped EAGLE-3 head's
+    # EAGLE-2 trees elsewhere (top-3 children, depth 3; the chain hybrid: tiny-model tests)
+    "hybrid": lambda d: ({"method": "hybrid", "num_speculative_tokens": d, "tree_top_k": 3,
+                          "tree_depth": 3}, False),
 }
 DEPTHS = {"ngram": (7,), "draft_model": (1,), "layer_skip": (1,), "eagle3": (5,), "suffix": (3,),
           "lookahead": (3,), "prediction": (3,), "eagle3_auto": ("auto",),

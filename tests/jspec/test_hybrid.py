@@ -1,8 +1,8 @@
 """The copy-or-learned hybrid on a tiny random target with a tiny EAGLE-3 head: each row's draft is
 the n-gram drafter's own draft where it proposes and the head's own draft elsewhere (against both
 drafters run alone), the head's propose is skipped when every row copies, greedy outputs equal
-plain decoding at a fixed and an adaptive length without recompiling, and bad options fail with
-the option named. Losslessness: test_lossless_exact (the real hybrid in the enumeration) and
+plain decoding at a fixed and an adaptive length and over EAGLE-2 trees (a copied chain drafted as
+a tree) without recompiling, and bad options fail with the option named. Losslessness: test_lossless_exact (the real hybrid in the enumeration) and
 test_lossless_montecarlo (sampled head drafts through the real round)."""
 
 import dataclasses
@@ -95,10 +95,12 @@ def test_the_head_is_skipped_when_every_row_copies(target, head):
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("num", [D, "auto"])
+@pytest.mark.parametrize("num", [D, "auto", "tree"])
 def test_greedy_equals_plain_without_recompiling(target, head, num):
-  sd = SpecDecoder(target, {"method": "hybrid", "num_speculative_tokens": num},
-                   draft_model=head, time_rounds=False)
+  cfg = {"method": "hybrid", "num_speculative_tokens": num}
+  if num == "tree":             # EAGLE-2 trees of 4 nodes where the row does not copy
+    cfg.update(num_speculative_tokens=4, tree_top_k=2, tree_depth=3)
+  sd = SpecDecoder(target, cfg, draft_model=head, time_rounds=False)
   plain = Decoder(target)
   rng = np.random.default_rng(0)
   prompts = PROMPTS + [rng.integers(0, CFG.vocab_size, 9).tolist()]
@@ -126,19 +128,42 @@ def test_the_copy_drafter_alone_matches_its_own_rule():
     ({"learned": "ngram"}, r"hybrid learned='ngram': choose one of eagle3, mtp"),
     ({"learned": "layer_skip", "head": "/x"}, r"takes no head folder; drop head"),
     ({"prompt_lookup_min": 3, "prompt_lookup_max": 2}, r"prompt_lookup_min <= prompt_lookup_max"),
+    ({"learned": "dspark", "tree_top_k": 2, "tree_depth": 2},
+     r"learned='dspark' drafts no EAGLE-2 trees \(eagle3 and mtp do\); drop tree_top_k"),
+    ({"tree_top_k": 2}, r"need both tree_top_k >= 1 and tree_depth >= 1"),
 ])
 def test_bad_options_name_what_to_change(cfg, message):
   with pytest.raises(ValueError, match=message):
     SpeculativeConfig.from_dict({"method": "hybrid", "num_speculative_tokens": 2, **cfg})
 
 
-def test_trees_are_refused(target, head):
-  ng = NgramDrafter(4, 2, 4)
-  tree, _ = Eagle3Drafter.from_head(head, target, 4, tree_top_k=2, tree_depth=2)
-  with pytest.raises(ValueError, match="drafts chains"):
-    HybridDrafter(ng, tree)
+def test_over_a_tree_head_copies_chains_as_trees_and_drafts_the_head_tree_elsewhere(target, head):
+  sd = SpecDecoder(target, {"method": "hybrid", "num_speculative_tokens": 4, "tree_top_k": 2,
+                            "tree_depth": 2}, draft_model=head, time_rounds=False)
+  state, sampling = sd.prefill(PROMPTS, max_new_tokens=8, temperature=0.0)
+  hybrid, params = sd.drafter, sd.drafter_params
+  assert hybrid.tree and hybrid.learned.tree
+  ctx = _context(state, sampling, PROMPTS)
+  keys = jnp.stack([jax.random.key(1), jax.random.key(2)])
+  draft, _ = hybrid.propose(params, state.drafter_state, ctx, keys)
+  copy, _ = hybrid.copy.propose(None, (), ctx, keys)
+  alone, _ = hybrid.learned.propose(params["learned"], state.drafter_state.learned, ctx, keys)
+  n = int(copy.length[0])
+  assert n > 0 and int(copy.length[1]) == 0          # the fixture's premise
+  np.testing.assert_array_equal(draft.tokens[0, :n], copy.tokens[0, :n])
+  assert np.asarray(draft.parent[0]).tolist() == [0, 1, 2, 3]          # a chain as a tree
+  np.testing.assert_array_equal(draft.tokens[1], alone.tokens[1])
+  np.testing.assert_array_equal(draft.parent[1], alone.parent[1])
+  assert np.asarray(alone.parent[1]).tolist() != [0, 1, 2, 3]          # the head's tree branches
+  assert np.asarray(draft.length).tolist() == [n, 4] and draft.q is None
+
+
+def test_refusals(target, head):
   with pytest.raises(ValueError, match="equally many"):
     HybridDrafter(NgramDrafter(3, 2, 4), Eagle3Drafter.from_head(head, target, 4)[0])
+  with pytest.raises(ValueError, match="adaptive draft lengths .* work with chains only"):
+    SpecDecoder(target, {"method": "hybrid", "num_speculative_tokens": "auto", "tree_top_k": 2,
+                         "tree_depth": 2}, draft_model=head)
 
 
 def test_the_adaptive_length_reads_which_side_drafts(target, head):

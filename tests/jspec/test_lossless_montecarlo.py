@@ -158,7 +158,7 @@ def block_modules(target):
                                     "draft_model-moe", "draft_model-auto-bf16cache",
                                     "eagle3-tree", "medusa", "medusa-tree",
                                     "medusa-shared", "mtp",
-                                    "dflash", "dspark-schedule", "hybrid",
+                                    "dflash", "dspark-schedule", "hybrid", "hybrid-tree",
                                     "hybrid-auto", "ngram-auto-rows"])
 def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cache_target,
                                                      draft, eagle3_head,
@@ -199,6 +199,9 @@ def test_first_two_tokens_match_target_distribution(target, moe_target, bf16_cac
     cfg.update(num_speculative_tokens="auto", draft_lengths=[0, 1, 2])
   if method == "layer_skip":
     cfg["num_layers"] = 1
+  if method == "hybrid-tree":   # EAGLE-2 trees (4 nodes), or the n-gram's chain as a tree
+    method = cfg["method"] = "hybrid"
+    cfg.update(num_speculative_tokens=4, tree_top_k=2, tree_depth=2)
   if method == "hybrid":     # sampled EAGLE-3 drafts, or the n-gram's where the last token repeats
     cfg["prompt_lookup_min"] = 1
   if method == "suffix":     # a small global cache, refilled between chunks from their outputs

@@ -3,12 +3,15 @@
 The toy target and draft are the tables of test_lossless_exact (V = 6, logits indexed by the last
 two tokens). Each round drafts a tree: deterministic children (the draft's top-2 at every node, to
 depth 3: 14 nodes), children sampled i.i.d. from the draft (two at the root, one below each: the
-multi-draft rule), or both mixed; the acceptance probabilities and final distributions come from
-`tree_outcomes`, rounds chain until 3 tokens are out, and the result must equal the target's joint
-distribution to 1e-6 under greedy, T = 1, top-k and top-p. A verifier that skips the
-renormalisation after a rejected sibling must fail the same check.
+multi-draft rule), or both mixed, or the real hybrid drafter's tree (`jspec.drafters.hybrid` over a
+deterministic table tree: the n-gram's copied chain as a tree where it proposes, else the table's
+4-node tree); the acceptance probabilities and final distributions come from `tree_outcomes`,
+rounds chain until 3 tokens are out, and the result must equal the target's joint distribution to
+1e-6 under greedy, T = 1, top-k and top-p. A verifier that skips the renormalisation after a
+rejected sibling must fail the same check.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 
 from jspec import tree
+from jspec.drafters.base import Draft
 from jspec.rejection import chain_outcomes
 from jspec.sampling import SamplingParams, process_logits
 from tests.jspec.test_lossless_exact import DRAFT, NEED, PARAMS, PROMPT, TARGET, V, target_joint
@@ -77,29 +81,87 @@ def _node_q(ctx, shape, toks, params):
   return q
 
 
+@dataclasses.dataclass(frozen=True)
+class _TableTree:
+  """A deterministic 4-node tree from the DRAFT table (the hybrid's learned side here): the
+  table's best and second-best tokens at the context (parent 0), then each one's best child."""
+  num_draft: int = 4
+  target_taps: tuple = ()
+  tree = True
+  num_extra = 0
+  confidence_schedule = False
+  variable_length = False
+
+  def init_state(self, params, prompt, ctx, max_len):
+    return ()
+
+  def propose(self, params, state, ctx, key):
+    table = jnp.asarray(DRAFT)
+    rows = jnp.arange(ctx.tokens.shape[0])
+    a, b = ctx.tokens[rows, ctx.length - 2], ctx.tokens[rows, ctx.length - 1]
+    top = jnp.argsort(-table[a, b], axis=-1)[:, :2].astype(jnp.int32)             # [B, 2]
+    kids = [jnp.argmax(table[b, top[:, j]], axis=-1).astype(jnp.int32) for j in range(2)]
+    tokens = jnp.stack([top[:, 0], top[:, 1], kids[0], kids[1]], axis=1)
+    parent = jnp.broadcast_to(jnp.asarray([0, 0, 1, 2], jnp.int32), tokens.shape)
+    return Draft(tokens=tokens, parent=parent), state
+
+
+@functools.lru_cache(maxsize=None)
+def _hybrid_propose():
+  from jspec.drafters.base import Context
+  from jspec.drafters.hybrid import HybridDrafter
+  from jspec.drafters.model_free.ngram import NgramDrafter
+  drafter = HybridDrafter(NgramDrafter(4, 1, 4), _TableTree())
+  params = {"copy": None, "learned": None}
+
+  def fn(tokens, length):
+    ctx = Context(tokens=tokens, length=length, prompt_len=length, sampling=SamplingParams.make(1))
+    return drafter.propose(params, drafter.init_state(params, tokens, ctx, 32), ctx, None)[0]
+  return jax.jit(fn)
+
+
+@functools.lru_cache(maxsize=None)
+def hybrid_tree(ctx):
+  """The hybrid's draft at ctx: (tokens, parents, valid nodes)."""
+  tokens = jnp.asarray([list(ctx) + [0] * (8 - len(ctx))], jnp.int32)
+  draft = _hybrid_propose()(tokens, jnp.asarray([len(ctx)], jnp.int32))
+  assert draft.q is None
+  return (tuple(np.asarray(draft.tokens[0]).tolist()), tuple(np.asarray(draft.parent[0]).tolist()),
+          int(draft.length[0]))
+
+
+def _candidates(ctx, shape, params):
+  """Every tree the drafter can propose at ctx: (tokens, parents, q [N, V], probability, nodes)."""
+  if shape == "hybrid":
+    toks, parents, n = hybrid_tree(ctx)
+    return [(toks, parents, np.eye(V)[list(toks)], 1.0, n)]
+  parents = tuple(p for p, _ in shape)
+  return [(toks, parents, _node_q(ctx, shape, toks, params), w, len(shape))
+          for toks, w in _trees(ctx, shape, params)]
+
+
 def spec_tree_joint(params, shape, outcomes):
-  parents = [p for p, _ in shape]
-  n = len(shape)
+  n = 4 if shape == "hybrid" else len(shape)
 
   @functools.lru_cache(maxsize=None)
   def from_ctx(ctx, need):
-    trees = _trees(ctx, shape, params)
+    trees = _candidates(ctx, shape, params)
     paths = []                                    # the context after each block token
-    for toks, _ in trees:
+    for toks, parents, _, _, _ in trees:
       blk = [()]
       for i in range(n):
         blk.append(blk[parents[i]] + (toks[i],))
       paths.append(blk)
     p = _dist(TARGET, [ctx + s for blk in paths for s in blk], params).reshape(len(trees), n + 1, V)
-    q = np.stack([_node_q(ctx, shape, toks, params) for toks, _ in trees])
     accept, final = outcomes(jnp.asarray(p, jnp.float32),
-                             jnp.asarray([t for t, _ in trees], jnp.int32),
-                             jnp.asarray(np.broadcast_to(parents, (len(trees), n)), jnp.int32),
-                             jnp.asarray(q, jnp.float32))
+                             jnp.asarray([t[0] for t in trees], jnp.int32),
+                             jnp.asarray([t[1] for t in trees], jnp.int32),
+                             jnp.asarray(np.stack([t[2] for t in trees]), jnp.float32),
+                             jnp.asarray([t[4] for t in trees], jnp.int32))
     accept, final = np.asarray(accept, np.float64), np.asarray(final, np.float64)
     final = final / final.sum(-1, keepdims=True)   # the sampler normalises (inverse CDF)
     out = {}
-    for (toks, w), blk, a, f in zip(trees, paths, accept, final):
+    for (toks, parents, _, w, _), blk, a, f in zip(trees, paths, accept, final):
       reach = np.zeros(n + 1)
       reach[0] = w
       for node in range(n + 1):                   # children after their parent: index order
@@ -129,25 +191,38 @@ _outcomes = jax.jit(tree.tree_outcomes)
 
 
 @pytest.mark.parametrize("name", list(PARAMS))
-@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("shape", list(SHAPES) + ["hybrid"])
 def test_tree_verification_is_lossless(name, shape):
   t, k, p = PARAMS[name]
   params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))
   want = target_joint(params)
-  got = spec_tree_joint(params, SHAPES[shape], _outcomes)
+  got = spec_tree_joint(params, SHAPES.get(shape, shape), _outcomes)
   assert abs(sum(got.values()) - 1.0) < 1e-6
   for seq, prob in want.items():
     assert abs(got.get(seq, 0.0) - prob) < 1e-6, (seq, got.get(seq, 0.0), prob)
 
 
-@pytest.mark.parametrize("shape", ["deterministic-3x2", "sampled-2x1"])
+@pytest.mark.parametrize("shape", ["deterministic-3x2", "sampled-2x1", "hybrid"])
 def test_skipping_the_renormalisation_fails(monkeypatch, shape):
   """Negative control: rejected siblings' mass removed but r not renormalised."""
   monkeypatch.setattr(tree, "residual_distribution", lambda p, q: jnp.maximum(p - q, 0.0))
   params = SamplingParams(jnp.float32(1.0), jnp.int32(0), jnp.float32(1.0))
   want = target_joint(params)
-  got = spec_tree_joint(params, SHAPES[shape], jax.jit(lambda *a: tree.tree_outcomes(*a)))
+  got = spec_tree_joint(params, SHAPES.get(shape, shape),
+                        jax.jit(lambda *a: tree.tree_outcomes(*a)))
   assert max(abs(got.get(s, 0.0) - p) for s, p in want.items()) > 1e-3
+
+
+def test_the_hybrid_tree_mixes_copied_chains_and_table_trees():
+  """In the enumerated contexts the hybrid drafts the n-gram's chain (as a tree: parents 0, 1, 2,
+  3, its own length) in some and the table's 4-node tree in the others."""
+  import itertools
+  ctxs = [PROMPT + s for m in range(NEED) for s in itertools.product(range(V), repeat=m)]
+  kinds = [hybrid_tree(c)[1] for c in ctxs]
+  copied = sum(k == (0, 1, 2, 3) for k in kinds)
+  learned = sum(k == (0, 0, 1, 2) for k in kinds)
+  assert copied + learned == len(ctxs) and min(copied, learned) > len(ctxs) // 5, (copied, learned)
+  assert len({hybrid_tree(c)[2] for c in ctxs}) >= 3      # copies of several lengths, and 4 nodes
 
 
 def test_chain_is_the_special_case():
