@@ -71,7 +71,7 @@ def _model_free_drafter(name, d):
     from jspec.drafters.model_free.ngram import NgramDrafter
     drafter = NgramDrafter(d, 1, 4)
     if name == "hybrid":
-      drafter = HybridDrafter(drafter, _TableDrafter(d))
+      drafter = HybridDrafter(drafter, TableDrafter(d))
     params = {"copy": None, "learned": None} if name == "hybrid" else None
 
     def fn(tokens, length):
@@ -102,7 +102,7 @@ def _model_free_drafter(name, d):
 
 
 @dataclasses.dataclass(frozen=True)
-class _TableDrafter:
+class TableDrafter:
   """The hybrid's learned side in the enumeration: DRAFT's argmax chain (deterministic, q None)."""
   num_draft: int
   target_taps: tuple = ()

@@ -23,7 +23,8 @@ from jspec import tree
 from jspec.drafters.base import Draft
 from jspec.rejection import chain_outcomes
 from jspec.sampling import SamplingParams, process_logits
-from tests.jspec.test_lossless_exact import DRAFT, NEED, PARAMS, PROMPT, TARGET, V, target_joint
+from tests.jspec.test_lossless_exact import (DRAFT, NEED, PARAMS, PROMPT, TARGET, V, TableDrafter,
+                                             target_joint)
 
 _process = jax.jit(process_logits)
 
@@ -82,18 +83,11 @@ def _node_q(ctx, shape, toks, params):
 
 
 @dataclasses.dataclass(frozen=True)
-class _TableTree:
+class _TableTree(TableDrafter):
   """A deterministic 4-node tree from the DRAFT table (the hybrid's learned side here): the
   table's best and second-best tokens at the context (parent 0), then each one's best child."""
   num_draft: int = 4
-  target_taps: tuple = ()
   tree = True
-  num_extra = 0
-  confidence_schedule = False
-  variable_length = False
-
-  def init_state(self, params, prompt, ctx, max_len):
-    return ()
 
   def propose(self, params, state, ctx, key):
     table = jnp.asarray(DRAFT)
