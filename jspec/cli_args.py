@@ -103,13 +103,12 @@ def add_drafter_flags(parser) -> None:
   """Every registered method's own flags (e.g. --ngram-max, --draft-layers, --head)."""
   from jspec.drafters import registry
 
-  seen = set()
+  flags = {}                     # flag -> (its first declaration, the methods that take it)
   for entry in registry.methods().values():
     for f in entry.cli_flags:
-      if f.flag not in seen:
-        seen.add(f.flag)
-        parser.add_argument(f.flag, type=f.type, default=None,
-                            help=f"{f.help} [{entry.cli_name}]")
+      flags.setdefault(f.flag, (f, []))[1].append(entry.cli_name)
+  for flag, (f, names) in flags.items():
+    parser.add_argument(flag, type=f.type, default=None, help=f"{f.help} [{', '.join(names)}]")
 
 
 def parse_drafter(spec: str) -> tuple[str, dict]:

@@ -364,3 +364,17 @@ def test_compiled_programs_persist_in_the_jspec_cache(monkeypatch, tmp_path):
   finally:
     jax.config.update("jax_compilation_cache_dir", before[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+
+
+def test_a_shared_drafter_flag_names_every_method_that_takes_it():
+  """--tree-top-k is declared by eagle3, mtp and hybrid, --head by eagle3 and hybrid: the help
+  names each method whose config the flag reaches (spec_config reads it for all of them)."""
+  import argparse
+  from jspec.drafters import registry
+  parser = argparse.ArgumentParser()
+  cli_args.add_drafter_flags(parser)
+  text = " ".join(parser.format_help().split())
+  for flag in ("--tree-top-k", "--head"):
+    takers = [e.cli_name for e in registry.methods().values()
+              if any(f.flag == flag for f in e.cli_flags)]
+    assert len(takers) >= 2 and f"[{', '.join(takers)}]" in text, (flag, takers)
