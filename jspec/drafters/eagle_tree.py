@@ -11,6 +11,13 @@ From the drafter's state (its output feature and draft logits at the last commit
      children; a child never outscores its parent and ties keep the parent), form the tree.
 Tokens are deterministic (q = None): tree verification (jspec.tree) accepts each with the target's
 probability of it after earlier siblings' rejection, which keeps sampling lossless.
+
+A deterministic node is a poor draft for a sampled row: it is accepted with p(token), where a token
+drawn from the drafter's q is accepted with min(1, p / q) (benchmarks/REPORT.md, T = 1: trees
+1.00-1.03x against chains 1.07-1.08x). So a drafter with sampled drafts (`draft_sampling`, the
+default) drafts the tree for its greedy rows only, and for sampled rows the sampled chain of the
+same node budget, verified as the tree whose node i hangs under node i - 1
+(`tree_or_sampled_chain`).
 """
 
 from __future__ import annotations
@@ -112,6 +119,28 @@ def propose_tree(expand, draft_to_target: jax.Array, embed: jax.Array, cache, fe
                      jax.vmap(jnp.searchsorted)(chosen, par_id).astype(jnp.int32) + 1)
   tokens = draft_to_target[jnp.take_along_axis(toks, chosen, axis=1)]
   return Draft(tokens=tokens.astype(jnp.int32), parent=parent.astype(jnp.int32))
+
+
+def tree_or_sampled_chain(greedy: jax.Array, tree, chain, vocab_size: int) -> Draft:
+  """One tree draft per row: greedy rows [B] carry `tree()` (a Draft of tokens and parents,
+  deterministic), the other rows `chain()` (a sampled chain Draft of the same width, its q
+  recorded) as the tree whose node i hangs under node i - 1. q is the chain's where a row samples,
+  one-hot at the tree's tokens where it is greedy. Each side runs only when some row needs it
+  (`lax.cond`), so an all-greedy batch drafts the tree alone and an all-sampled batch the chain
+  alone."""
+  def skip(fn):
+    shapes = jax.eval_shape(fn)
+    return lambda: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+  t = jax.lax.cond(jnp.any(greedy), tree, skip(tree))
+  c = jax.lax.cond(jnp.all(greedy), skip(chain), chain)
+  b, n = t.tokens.shape
+  rows = greedy[:, None]
+  chain_parent = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  onehot = jax.nn.one_hot(t.tokens, vocab_size, dtype=c.q.dtype)
+  return Draft(tokens=jnp.where(rows, t.tokens, c.tokens),
+               q=jnp.where(rows[:, :, None], onehot, c.q),
+               parent=jnp.where(rows, t.parent, chain_parent))
 
 
 def check_options(top_k: int, depth: int) -> None:

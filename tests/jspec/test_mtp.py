@@ -332,16 +332,22 @@ def test_eagle2_trees_on_the_mtp_module(target, module, plain):
   with count_compiles() as c:
     out = spec.generate(prompts, seed=4, **kw)
   assert c.count == 0 and out.token_ids[:2] == plain(prompts, 30)[:2]
-  state, sampling = spec.prefill(prompts, max_new_tokens=4)
+  # greedy rows draft the tree, the sampled row the sampled chain (its q recorded)
+  state, sampling = spec.prefill(prompts, max_new_tokens=4, temperature=[0.0, 0.0, 1.0])
   ctx = Context(tokens=state.tokens, length=state.length, prompt_len=state.prompt_len,
                 sampling=sampling)
-  draft, _ = spec.drafter.propose(spec.drafter_params, state.drafter_state, ctx, None)
+  draft, _ = spec.drafter.propose(spec.drafter_params, state.drafter_state, ctx, state.keys)
   parent = np.asarray(draft.parent)
   tree.check_parents(parent)
   d2t = np.asarray(module.draft_to_target[...])
   top = d2t[np.argsort(-np.asarray(state.drafter_state.logits), axis=1)[:, :2]]
-  for b in range(3):
+  for b in range(2):
     assert set(np.asarray(draft.tokens)[b][parent[b] == 0]) <= set(top[b])
+    np.testing.assert_array_equal(np.asarray(draft.q)[b], np.eye(draft.q.shape[-1])[
+        np.asarray(draft.tokens)[b]])
+  np.testing.assert_array_equal(parent[2], np.arange(6))
+  q = np.asarray(draft.q)[2]
+  assert np.all(q[np.arange(6), np.asarray(draft.tokens)[2]] > 0) and np.all(q.max(-1) < 1)
   with pytest.raises(ValueError, match="both tree_top_k"):
     SpecDecoder(target, {"method": "mtp", "num_speculative_tokens": 4, "tree_depth": 2},
                 draft_model=module)

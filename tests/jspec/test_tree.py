@@ -5,7 +5,9 @@ two tokens). Each round drafts a tree: deterministic children (the draft's top-2
 depth 3: 14 nodes), children sampled i.i.d. from the draft (two at the root, one below each: the
 multi-draft rule), or both mixed, or the real hybrid drafter's tree (`jspec.drafters.hybrid` over a
 deterministic table tree: the n-gram's copied chain as a tree where it proposes, else the table's
-4-node tree); the acceptance probabilities and final distributions come from `tree_outcomes`,
+4-node tree), or what a sampling EAGLE-3 / MTP tree drafter proposes
+(`eagle_tree.tree_or_sampled_chain`: the table tree for a greedy row, the sampled 4-token chain as a
+tree for a sampled one); the acceptance probabilities and final distributions come from `tree_outcomes`,
 rounds chain until 3 tokens are out, and the result must equal the target's joint distribution to
 1e-6 under greedy, T = 1, top-k and top-p. A verifier that skips the renormalisation after a
 rejected sibling must fail the same check.
@@ -124,18 +126,60 @@ def hybrid_tree(ctx):
           int(draft.length[0]))
 
 
+CHAIN4 = [(0, "sam"), (1, "sam"), (2, "sam"), (3, "sam")]
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_or_chain():
+  from jspec.drafters.base import Context
+  from jspec.drafters.eagle_tree import tree_or_sampled_chain
+
+  def fn(greedy, tokens, length, chain_tokens, chain_q):
+    b = chain_tokens.shape[0]
+    ctx = Context(tokens=tokens, length=length, prompt_len=length, sampling=SamplingParams.make(b))
+    tree_fn = lambda: _TableTree().propose(None, None, ctx, None)[0]
+    chain_fn = lambda: Draft(tokens=chain_tokens, q=chain_q)
+    return tree_or_sampled_chain(greedy, tree_fn, chain_fn, V)
+  return jax.jit(fn)
+
+
+def tree_or_chain_candidates(ctx, params, sampled_as_deterministic=False):
+  """What a sampling tree drafter proposes at ctx, through the real `tree_or_sampled_chain`: the
+  table tree when the row is greedy, else every sampled chain of CHAIN4 (tokens, parents, q,
+  probability, nodes)."""
+  greedy = float(params.temperature) == 0.0
+  chains = [((0,) * 4, 1.0)] if greedy else _trees(ctx, CHAIN4, params)
+  chain_tokens = np.asarray([t for t, _ in chains], np.int32)
+  chain_q = np.stack([np.zeros((4, V)) if greedy else _node_q(ctx, CHAIN4, t, params)
+                      for t, _ in chains])
+  b = len(chain_tokens)
+  tokens = np.zeros((b, 8), np.int32)
+  tokens[:, :len(ctx)] = ctx
+  draft = _tree_or_chain()(jnp.full((b,), greedy), jnp.asarray(tokens),
+                           jnp.full((b,), len(ctx), jnp.int32), jnp.asarray(chain_tokens),
+                           jnp.asarray(chain_q, jnp.float32))
+  toks, parents, q = (np.asarray(x, np.float64 if x is draft.q else np.int64)
+                      for x in (draft.tokens, draft.parent, draft.q))
+  if sampled_as_deterministic:       # sampled nodes verified as one-hot (still lossless)
+    q = np.eye(V)[toks]
+  return [(tuple(toks[i].tolist()), tuple(parents[i].tolist()), q[i],
+           chains[i][1], 4) for i in range(b)]
+
+
 def _candidates(ctx, shape, params):
   """Every tree the drafter can propose at ctx: (tokens, parents, q [N, V], probability, nodes)."""
   if shape == "hybrid":
     toks, parents, n = hybrid_tree(ctx)
     return [(toks, parents, np.eye(V)[list(toks)], 1.0, n)]
+  if shape in ("tree-or-chain", "tree-or-chain-broken"):
+    return tree_or_chain_candidates(ctx, params, shape.endswith("broken"))
   parents = tuple(p for p, _ in shape)
   return [(toks, parents, _node_q(ctx, shape, toks, params), w, len(shape))
           for toks, w in _trees(ctx, shape, params)]
 
 
 def spec_tree_joint(params, shape, outcomes):
-  n = 4 if shape == "hybrid" else len(shape)
+  n = len(shape) if isinstance(shape, list) else 4
 
   @functools.lru_cache(maxsize=None)
   def from_ctx(ctx, need):
@@ -185,7 +229,7 @@ _outcomes = jax.jit(tree.tree_outcomes)
 
 
 @pytest.mark.parametrize("name", list(PARAMS))
-@pytest.mark.parametrize("shape", list(SHAPES) + ["hybrid"])
+@pytest.mark.parametrize("shape", list(SHAPES) + ["hybrid", "tree-or-chain"])
 def test_tree_verification_is_lossless(name, shape):
   t, k, p = PARAMS[name]
   params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))
@@ -205,6 +249,57 @@ def test_skipping_the_renormalisation_fails(monkeypatch, shape):
   got = spec_tree_joint(params, SHAPES.get(shape, shape),
                         jax.jit(lambda *a: tree.tree_outcomes(*a)))
   assert max(abs(got.get(s, 0.0) - p) for s, p in want.items()) > 1e-3
+
+
+@pytest.mark.parametrize("name", ["T=1", "T=0.7,top-k=3"])
+def test_sampled_chain_accepts_more_than_deterministic_verification(name):
+  """Why sampled rows draft the chain with its q: verified as deterministic nodes (one-hot q,
+  accepted with p(x); lossless for any draft, the rule the tree's nodes get) the same drafts
+  accept fewer tokens in a round than with min(1, p / q)."""
+  t, k, p = PARAMS[name]
+  params = SamplingParams(jnp.float32(t), jnp.int32(k), jnp.float32(p))
+
+  def expected_accepted(shape):
+    total = 0.0
+    for toks, parents, q, w, n in _candidates(PROMPT, shape, params):
+      blk = [()]
+      for i in range(n):
+        blk.append(blk[parents[i]] + (toks[i],))
+      pt = _dist(TARGET, [PROMPT + c for c in blk], params)
+      accept, _ = _outcomes(*(jnp.asarray(x)[None] for x in (
+          pt.astype(np.float32), np.asarray(toks, np.int32), np.asarray(parents, np.int32),
+          q.astype(np.float32), np.asarray([n], np.int32)[0])))
+      total += w * np.cumprod(np.asarray(accept[0], np.float64)).sum()   # a chain: parents 0..3
+    return total
+
+  good, broken = expected_accepted("tree-or-chain"), expected_accepted("tree-or-chain-broken")
+  assert good > broken + 0.2, (good, broken)
+
+
+def test_tree_or_sampled_chain_per_row():
+  """A mixed batch: greedy rows carry the tree and one-hot q, sampled rows the chain, its q and
+  the parents of a chain."""
+  from jspec.drafters.eagle_tree import tree_or_sampled_chain
+  rng = np.random.default_rng(1)
+  b, n, v = 4, 3, 7
+  tree_tokens = jnp.asarray(rng.integers(0, v, (b, n)), jnp.int32)
+  tree_parent = jnp.broadcast_to(jnp.asarray([0, 0, 1], jnp.int32), (b, n))
+  chain_tokens = jnp.asarray(rng.integers(0, v, (b, n)), jnp.int32)
+  chain_q = jax.nn.softmax(jnp.asarray(rng.normal(size=(b, n, v)), jnp.float32), -1)
+  greedy = jnp.asarray([True, False, False, True])
+  d = tree_or_sampled_chain(greedy, lambda: Draft(tokens=tree_tokens, parent=tree_parent),
+                            lambda: Draft(tokens=chain_tokens, q=chain_q), v)
+  for r in range(b):
+    g = bool(greedy[r])
+    np.testing.assert_array_equal(d.tokens[r], (tree_tokens if g else chain_tokens)[r])
+    np.testing.assert_array_equal(d.parent[r], [0, 0, 1] if g else [0, 1, 2])
+    np.testing.assert_allclose(d.q[r], np.eye(v)[np.asarray(tree_tokens[r])] if g else chain_q[r])
+  # all greedy: the tree alone (the chain's side is skipped), and the reverse
+  run = jax.jit(lambda g: tree_or_sampled_chain(
+      g, lambda: Draft(tokens=tree_tokens, parent=tree_parent),
+      lambda: Draft(tokens=chain_tokens, q=chain_q), v))
+  np.testing.assert_array_equal(run(jnp.ones((b,), bool)).tokens, tree_tokens)
+  np.testing.assert_array_equal(run(jnp.zeros((b,), bool)).parent, np.broadcast_to([0, 1, 2], (b, n)))
 
 
 def test_the_hybrid_tree_mixes_copied_chains_and_table_trees():

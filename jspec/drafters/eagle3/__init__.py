@@ -25,7 +25,8 @@ __all__ = ["LM_HEADS", "Eagle3Config", "Eagle3Drafter", "Eagle3Head", "Eagle3Opt
 class Eagle3Options:
   head: str | None = None        # a speculators-format folder (default: the head shipped for
                                  # the target, if there is one)
-  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax (chains)
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax; with a tree,
+                                 # sampled rows draft the sampled chain, greedy rows the tree
   tree_top_k: int = 0            # > 0: EAGLE-2 dynamic trees: top-k children per node, the
   tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
 

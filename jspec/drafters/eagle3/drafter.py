@@ -31,7 +31,8 @@ class Eagle3Drafter(Drafter):
   graphdef: Any                       # nnx.GraphDef of the head (static)
   num_draft: int
   target_taps: tuple[int, ...]
-  sample: bool = True                 # sample from the processed q (recorded) vs argmax
+  sample: bool = True                 # sample from the processed q (recorded) vs argmax (a tree
+                                      # drafter: sampled rows draft the chain, greedy rows the tree)
   attention_impl: str = "auto"
   tree_top_k: int = 0                 # > 0: EAGLE-2 dynamic trees (jspec.drafters.eagle_tree) of
   tree_depth: int = 0                 # num_draft nodes, top-k per node, to this depth
@@ -99,11 +100,19 @@ class Eagle3Drafter(Drafter):
         a, aux = head.layer(feature, emb, positions, attend)
         return a, head.draft_logits(a), aux
 
-      draft = eagle_tree.propose_tree(expand, head.draft_to_target[...], embed, state.cache,
-                                      state.feature, state.logits, self.tree_top_k,
-                                      self.tree_depth, self.num_draft)
-      return draft, state
+      tree = lambda: eagle_tree.propose_tree(expand, head.draft_to_target[...], embed,
+                                             state.cache, state.feature, state.logits,
+                                             self.tree_top_k, self.tree_depth, self.num_draft)
+      if not self.sample:
+        return tree(), state
+      chain = lambda: self._chain(head, embed, state, ctx, key, None)[0]
+      return eagle_tree.tree_or_sampled_chain(ctx.sampling.greedy, tree, chain,
+                                              head.config.vocab_size), state
+    draft, cache = self._chain(head, embed, state, ctx, key, num)
+    return draft, dataclasses.replace(state, cache=cache)
 
+  def _chain(self, head, embed, state: Eagle3State, ctx: Context, key, num):
+    """The chain of num_draft drafts (the first `num` when given): (Draft, the head's cache)."""
     def pick(draft_logits, i):
       return draft_token(head.target_logits(draft_logits), ctx.sampling, key, i, self.sample)
 
@@ -120,4 +129,4 @@ class Eagle3Drafter(Drafter):
     (cache, _, _), tokens, q = draft_chain(step, (state.cache, state.feature, tok), (tok, q0),
                                            self.num_draft, num)
     length = None if num is None else jnp.full(tok.shape, num, jnp.int32)
-    return Draft(tokens=tokens, q=q, length=length), dataclasses.replace(state, cache=cache)
+    return Draft(tokens=tokens, q=q, length=length), cache

@@ -24,7 +24,8 @@ class MTPOptions:
                                  # shipped for the target, if there is one)
   checkpoint: str | None = None  # or a model folder whose safetensors carry MTP layers
                                  # (`num_nextn_predict_layers`), read from layer L
-  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax (chains)
+  draft_sampling: bool = True    # sample from the processed q (recorded) vs argmax; with a tree,
+                                 # sampled rows draft the sampled chain, greedy rows the tree
   tree_top_k: int = 0            # > 0: EAGLE-2 dynamic trees: top-k children per node, the
   tree_depth: int = 0            # tree's depth; num_speculative_tokens is then the node budget
 

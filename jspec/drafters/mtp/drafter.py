@@ -32,7 +32,8 @@ class MTPDrafter(Drafter):
   graphdef: Any                       # nnx.GraphDef of the module (static)
   num_draft: int
   target_taps: tuple[int, ...]        # (L,): the last layer's output; normed here
-  sample: bool = True                 # sample from the processed q (recorded) vs argmax
+  sample: bool = True                 # sample from the processed q (recorded) vs argmax (a tree
+                                      # drafter: sampled rows draft the chain, greedy rows the tree)
   attention_impl: str = "auto"
   tree_top_k: int = 0                 # > 0: EAGLE-2 dynamic trees (jspec.drafters.eagle_tree) of
   tree_depth: int = 0                 # num_draft nodes, top-k per node, to this depth
@@ -108,11 +109,20 @@ class MTPDrafter(Drafter):
         normed = module.shared_norm(a, params["norm"])
         return normed, module.draft_logits(normed, params["head"]), aux
 
-      draft = eagle_tree.propose_tree(expand, module.draft_to_target[...], params["embed"],
-                                      state.cache, state.hidden, state.logits, self.tree_top_k,
-                                      self.tree_depth, self.num_draft)
-      return draft, state
+      tree = lambda: eagle_tree.propose_tree(expand, module.draft_to_target[...],
+                                             params["embed"], state.cache, state.hidden,
+                                             state.logits, self.tree_top_k, self.tree_depth,
+                                             self.num_draft)
+      if not self.sample:
+        return tree(), state
+      chain = lambda: self._chain(module, params, state, ctx, key, None)[0]
+      return eagle_tree.tree_or_sampled_chain(ctx.sampling.greedy, tree, chain,
+                                              module.config.vocab_size), state
+    draft, cache = self._chain(module, params, state, ctx, key, num)
+    return draft, dataclasses.replace(state, cache=cache)
 
+  def _chain(self, module, params, state: MTPState, ctx: Context, key, num):
+    """The chain of num_draft drafts (the first `num` when given): (Draft, the module's cache)."""
     def pick(draft_logits, i):
       return draft_token(module.target_logits(draft_logits), ctx.sampling, key, i, self.sample)
 
@@ -130,4 +140,4 @@ class MTPDrafter(Drafter):
     (cache, _, _), tokens, q = draft_chain(step, (state.cache, state.hidden, tok), (tok, q0),
                                            self.num_draft, num)
     length = None if num is None else jnp.full(tok.shape, num, jnp.int32)
-    return Draft(tokens=tokens, q=q, length=length), dataclasses.replace(state, cache=cache)
+    return Draft(tokens=tokens, q=q, length=length), cache
