@@ -54,10 +54,14 @@ def cmd_snapshot(args) -> None:
 
   sources = []
   for spec in args.sources:
-    folder, _, n = spec.rpartition(":")
-    if not folder or not n.isdigit():
-      folder, n = spec, None
-    sources.append((folder, None if n is None else int(n)))
+    folder, _, which = spec.rpartition(":")
+    first, dash, last = which.partition("-")
+    if folder and which.isdigit():
+      sources.append((folder, int(which)))
+    elif folder and dash and first.isdigit() and (last.isdigit() or not last):
+      sources.append((folder, (int(first), int(last) if last else None)))
+    else:
+      sources.append((spec, None))
   try:
     manifest = snapshot(args.out, sources)
   except (ValueError, OSError) as e:
@@ -560,12 +564,13 @@ def add_parser(sub, default_model: str) -> None:
   d.add_argument("--seed", type=int, default=0)
   d.add_argument("--no-progress", action="store_true")
   d.set_defaults(func=cmd_data)
-  sn = tsub.add_parser("snapshot", help="a fixed training set: the first finished shards of "
-                                          "regenerated folders, linked")
+  sn = tsub.add_parser("snapshot", help="a fixed training set: finished shards of regenerated "
+                                          "folders, linked")
   sn.add_argument("out", help="a new folder")
-  sn.add_argument("sources", nargs="+", metavar="SRC[:N]",
-                  help="a `jspec train data` folder and how many of its finished shards to take "
-                       "(default all); several are joined in order")
+  sn.add_argument("sources", nargs="+", metavar="SRC[:N|:A-B|:A-]",
+                  help="a `jspec train data` folder and which of its finished shards to take: the "
+                       "first N, those numbered A to B in their file names (both included), or "
+                       "from A on (default all); several are joined in order")
   sn.set_defaults(func=cmd_snapshot)
   r = tsub.add_parser("replay", help="an EAGLE-3 head's greedy acceptance per prompt category, "
                                      "replayed from one teacher-forced pass over the target's "

@@ -105,33 +105,57 @@ def summarise(manifest: dict) -> None:
   manifest["categories"] = {c: dict(v) for c, v in sorted(by_cat.items())}
 
 
-def snapshot(out_dir: str, sources: Sequence[tuple[str, int | None]]) -> dict:
-  """A training-data folder made of the first finished shards of one or more regenerated folders
-  (`sources`: (folder, number of shards or None for all finished)), linked, not copied: a fixed
-  dataset to train on while a regeneration goes on, a prefix for a data-scaling run, or greedy and
-  sampled replies together. Returns its manifest (complete, with a `snapshot` record of the
-  sources); the loaders read it like any other data folder."""
+def shard_number(entry: dict) -> int:
+  """The number in a manifest shard's file name (`shard_00024.npz` -> 24): a data folder resumed
+  with `--first-shard` numbers its shards from there."""
+  name = os.path.basename(entry["file"])
+  digits = name.removeprefix("shard_").split(".")[0]
+  if not digits.isdigit():
+    raise ValueError(f"unexpected shard file name {name!r}")
+  return int(digits)
+
+
+def snapshot(out_dir: str, sources: Sequence[tuple[str, "int | tuple[int, int | None] | None"]]
+             ) -> dict:
+  """A training-data folder made of finished shards of one or more regenerated folders
+  (`sources`: (folder, which): `which` is the number of shards to take from the start, None for
+  all finished, or (first, last) shard numbers as in the file names, both included, last None
+  for every finished one from first on), linked, not copied: a fixed dataset to train on while a
+  regeneration goes on, a prefix for a data-scaling run, the shards no earlier run read, or
+  greedy and sampled replies together. Returns its manifest (complete, with a `snapshot` record
+  of the sources); the loaders read it like any other data folder."""
   if not sources:
     raise ValueError("give at least one source folder")
   if os.path.exists(out_dir) and os.listdir(out_dir):
     raise ValueError(f"{out_dir} exists and is not empty; give a new folder for the snapshot")
   picked, taps = [], None
-  for src, n in sources:
+  for src, which in sources:
     manifest = read_manifest(src)
-    have = len(manifest["shards"])
-    n = have if n is None else n
-    if not 1 <= n <= have:
-      raise ValueError(f"{src} has {have} finished shards; take between 1 and {have}, not {n}")
+    have = manifest["shards"]
+    if isinstance(which, tuple):
+      first, last = which
+      numbers = [shard_number(e) for e in have]
+      chosen = [e for e, k in zip(have, numbers) if k >= first and (last is None or k <= last)]
+      if not chosen or (last is not None and last < first):
+        span = f"{numbers[0]}-{numbers[-1]}" if numbers else "none"
+        raise ValueError(f"{src} has no finished shard numbered {first}-{'' if last is None else last}"
+                         f" (its finished shards: {span})")
+    else:
+      n = len(have) if which is None else which
+      if not 1 <= n <= len(have):
+        raise ValueError(f"{src} has {len(have)} finished shards; take between 1 and {len(have)}, "
+                         f"not {n}")
+      chosen = have[:n]
     src_taps = list(manifest["config"].get("taps") or [])
     if taps is not None and src_taps != taps:
       raise ValueError(f"{src} captured features at taps {src_taps}, an earlier source at {taps}; "
                        "snapshot sources must agree")
     taps = src_taps
-    picked.append((src, manifest, n))
+    picked.append((src, manifest, chosen))
   os.makedirs(out_dir, exist_ok=True)
   shards, record = [], []
-  for src, manifest, n in picked:
-    for s in manifest["shards"][:n]:
+  for src, manifest, chosen in picked:
+    for s in chosen:
       k = len(shards)
       s = dict(s)
       for key, name in (("file", f"shard_{k:05d}.npz"), ("features", f"shard_{k:05d}.features.npy")):
@@ -141,7 +165,8 @@ def snapshot(out_dir: str, sources: Sequence[tuple[str, int | None]]) -> dict:
           os.symlink(target, os.path.join(out_dir, name))
           s[key] = name
       shards.append(s)
-    record.append(dict(source=os.path.abspath(src), shards=n, config=manifest["config"]))
+    record.append(dict(source=os.path.abspath(src), shards=len(chosen),
+                       numbers=[shard_number(e) for e in chosen], config=manifest["config"]))
   manifest = dict(format=FORMAT, config=dict(picked[0][1]["config"], taps=taps), complete=True,
                   snapshot=record, shards=shards)
   summarise(manifest)

@@ -612,6 +612,36 @@ def test_snapshot_links_the_first_shards(regen_dir, tmp_path):
       shards.token_counts(regen_dir, CFG.vocab_size).sum() + shards.token_counts(one, CFG.vocab_size).sum()
 
 
+def test_snapshot_takes_shards_by_number(regen_dir, tmp_path):
+  """`(first, last)` picks shards by the number in their file names, in a folder numbered from
+  --first-shard: the same sequences as the folder's own shards there."""
+  have = shards.read_manifest(regen_dir)["shards"]
+  assert len(have) >= 2
+  moved = str(tmp_path / "from7")            # the folder as if it had started at shard 7
+  shutil.copytree(regen_dir, moved)
+  manifest = shards.read_manifest(moved)
+  for k, entry in enumerate(manifest["shards"]):
+    for key in ("file", "features"):
+      if key in entry:
+        new = entry[key].replace(f"shard_{k:05d}", f"shard_{k + 7:05d}")
+        os.rename(os.path.join(moved, entry[key]), os.path.join(moved, new))
+        entry[key] = new
+  with open(os.path.join(moved, shards.MANIFEST), "w") as f:
+    json.dump(manifest, f)
+  rows = _shard_sequences(regen_dir)
+  first = have[0]["sequences"]
+  tail = shards.snapshot(str(tmp_path / "tail"), [(moved, (8, None))])
+  assert [s["sequences"] for s in tail["shards"]] == [s["sequences"] for s in have[1:]]
+  assert tail["snapshot"][0]["numbers"] == list(range(8, 7 + len(have)))
+  ds = shards.TokenShards(str(tmp_path / "tail"), seq_len=CFG.max_position)
+  assert [ds.sequence(i)[0].tolist() for i in range(len(ds))] == \
+      [r[1].tolist() for r in rows[first:]]
+  one = shards.snapshot(str(tmp_path / "one"), [(moved, (7, 7))])
+  assert [s["sequences"] for s in one["shards"]] == [first]
+  with pytest.raises(ValueError, match=f"no finished shard numbered 3-5 .*finished shards: 7-"):
+    shards.snapshot(str(tmp_path / "none"), [(moved, (3, 5))])
+
+
 def test_snapshot_errors(regen_dir, tmp_path):
   have = len(shards.read_manifest(regen_dir)["shards"])
   with pytest.raises(ValueError, match=f"has {have} finished shards"):
@@ -639,3 +669,9 @@ def test_snapshot_cli_errors_name_the_problem(regen_dir, tmp_path, capsys):
   assert "finished shards; take between 1 and" in str(e.value)
   main(["train", "snapshot", str(tmp_path / "s"), f"{regen_dir}:1"])
   assert json.loads(capsys.readouterr().out)["shards"] == 1
+  have = len(shards.read_manifest(regen_dir)["shards"])
+  main(["train", "snapshot", str(tmp_path / "r"), f"{regen_dir}:1-"])
+  assert json.loads(capsys.readouterr().out)["shards"] == have - 1
+  with pytest.raises(SystemExit) as e:
+    main(["train", "snapshot", str(tmp_path / "q"), f"{regen_dir}:50-60"])
+  assert "no finished shard numbered 50-60" in str(e.value)
