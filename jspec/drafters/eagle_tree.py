@@ -121,13 +121,16 @@ def propose_tree(expand, draft_to_target: jax.Array, embed: jax.Array, cache, fe
   return Draft(tokens=tokens.astype(jnp.int32), parent=parent.astype(jnp.int32))
 
 
-def tree_or_sampled_chain(greedy: jax.Array, tree, chain, vocab_size: int) -> Draft:
+def tree_or_sampled_chain(greedy: jax.Array, tree, chain, vocab_size: int,
+                          sample: bool = True) -> Draft:
   """One tree draft per row: greedy rows [B] carry `tree()` (a Draft of tokens and parents,
   deterministic), the other rows `chain()` (a sampled chain Draft of the same width, its q
   recorded) as the tree whose node i hangs under node i - 1. q is the chain's where a row samples,
   one-hot at the tree's tokens where it is greedy. Each side runs only when some row needs it
   (`lax.cond`), so an all-greedy batch drafts the tree alone and an all-sampled batch the chain
-  alone."""
+  alone. sample=False (a drafter that never samples its drafts): `tree()` for every row."""
+  if not sample:
+    return tree()
   def skip(fn):
     shapes = jax.eval_shape(fn)
     return lambda: jax.tree_util.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)

@@ -103,11 +103,9 @@ class Eagle3Drafter(Drafter):
       tree = lambda: eagle_tree.propose_tree(expand, head.draft_to_target[...], embed,
                                              state.cache, state.feature, state.logits,
                                              self.tree_top_k, self.tree_depth, self.num_draft)
-      if not self.sample:
-        return tree(), state
       chain = lambda: self._chain(head, embed, state, ctx, key, None)[0]
       return eagle_tree.tree_or_sampled_chain(ctx.sampling.greedy, tree, chain,
-                                              head.config.vocab_size), state
+                                              head.config.vocab_size, self.sample), state
     draft, cache = self._chain(head, embed, state, ctx, key, num)
     return draft, dataclasses.replace(state, cache=cache)
 

@@ -113,11 +113,9 @@ class MTPDrafter(Drafter):
                                              params["embed"], state.cache, state.hidden,
                                              state.logits, self.tree_top_k, self.tree_depth,
                                              self.num_draft)
-      if not self.sample:
-        return tree(), state
       chain = lambda: self._chain(module, params, state, ctx, key, None)[0]
       return eagle_tree.tree_or_sampled_chain(ctx.sampling.greedy, tree, chain,
-                                              module.config.vocab_size), state
+                                              module.config.vocab_size, self.sample), state
     draft, cache = self._chain(module, params, state, ctx, key, num)
     return draft, dataclasses.replace(state, cache=cache)
 
