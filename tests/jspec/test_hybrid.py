@@ -155,7 +155,9 @@ def test_over_a_tree_head_copies_chains_as_trees_and_drafts_the_head_tree_elsewh
   np.testing.assert_array_equal(draft.tokens[1], alone.tokens[1])
   np.testing.assert_array_equal(draft.parent[1], alone.parent[1])
   assert np.asarray(alone.parent[1]).tolist() != [0, 1, 2, 3]          # the head's tree branches
-  assert np.asarray(draft.length).tolist() == [n, 4] and draft.q is None
+  assert np.asarray(draft.length).tolist() == [n, 4]
+  # greedy rows: every node deterministic (one-hot q at its token, the copied chain's too)
+  np.testing.assert_array_equal(draft.q, np.eye(draft.q.shape[-1])[np.asarray(draft.tokens)])
 
 
 def test_refusals(target, head):
